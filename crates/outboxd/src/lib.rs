@@ -1,1 +1,87 @@
-pub fn x(){}
+//! outboxd: the transactional outbox relay. Committed outbox rows are read from the WAL through
+//! a logical replication slot (pgoutput) and produced to Kafka keyed by `aggregate_id`; the slot's
+//! confirmed LSN advances only after the broker acknowledged everything before it, so a crash
+//! replays identical `event_id`s and never loses one.
+//!
+//! # Layout
+//! - [`config`]: TOML + `OUTBOXD_*` env configuration, validated up front.
+//! - [`source`]: SQL preflight checks, slot handling, and the replication stream.
+//! - [`pgoutput`]: our decoder for the Relation/Insert messages of the stream.
+//! - [`router`]: outbox row → Kafka record (topic template, key, value, headers, timestamp).
+//! - [`producer`]: librdkafka (idempotent, `acks=all`); delivery reports become [`producer::Ack`]s.
+//! - [`ack`]: the tracker turning out-of-order acks into the one LSN safe to confirm.
+//! - [`pipeline`]: one replication session wiring the stages above in stream order.
+//! - [`admin`]: `outboxd init` and `outboxd check`.
+//! - [`cli`]: the command line.
+//! - [`run`]: the supervisor: sessions restart after transient errors, stop on definite ones.
+
+pub mod ack;
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod pgoutput;
+pub mod pipeline;
+pub mod producer;
+pub mod router;
+pub mod source;
+
+pub use config::Config;
+pub use error::RelayError;
+
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Runs the relay until `shutdown` turns true (Ok) or a definite error occurs (Err).
+///
+/// Transient errors — Postgres or broker unreachable, the slot held by another instance — end
+/// the session; a new one starts from the slot's confirmed LSN after a bounded, jittered
+/// exponential backoff. Tests run the whole service through this entry point.
+pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
+    let max = Duration::from_millis(cfg.relay.max_backoff_ms);
+    let mut backoff = Duration::from_millis(100).min(max);
+    loop {
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let err = match pipeline::run_session(&cfg, &mut shutdown).await {
+            Ok(pipeline::SessionEnd::Shutdown) => return Ok(()),
+            Err(e) if e.is_transient() => e,
+            Err(e) => return Err(e),
+        };
+        if started.elapsed() > Duration::from_secs(30) {
+            backoff = Duration::from_millis(100).min(max);
+        }
+        let wait = match &err {
+            // A standby polls at a steady pace so it can take over quickly.
+            RelayError::SlotBusy { .. } => Duration::from_millis(1000).min(max),
+            _ => jitter(backoff),
+        };
+        match &err {
+            RelayError::SlotBusy { .. } => {
+                tracing::info!(role = "standby", error = %err, retry_in_ms = wait.as_millis() as u64, "slot busy")
+            }
+            _ => tracing::warn!(
+                error = %err,
+                class = err.class(),
+                retry_in_ms = wait.as_millis() as u64,
+                "session failed; restarting from the slot's confirmed LSN"
+            ),
+        }
+        backoff = (backoff * 2).min(max);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => return Ok(()),
+        }
+    }
+}
+
+/// 50–100 % of `d`, so restarting instances do not retry in lockstep.
+fn jitter(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos())
+        .unwrap_or(0);
+    d.mul_f64(0.5 + f64::from(nanos % 1000) / 2000.0)
+}

@@ -71,7 +71,10 @@ fn pg_owner() -> Option<(u32, u32)> {
     let name = std::ffi::CString::new("postgres").unwrap();
     // SAFETY: getpwnam returns a pointer into static storage or null; we copy the ids at once.
     let pw = unsafe { libc::getpwnam(name.as_ptr()) };
-    assert!(!pw.is_null(), "running as root needs a `postgres` user (apt install postgresql-15)");
+    assert!(
+        !pw.is_null(),
+        "running as root needs a `postgres` user (apt install postgresql-15)"
+    );
     // SAFETY: non-null pointer returned by getpwnam.
     unsafe { Some(((*pw).pw_uid, (*pw).pw_gid)) }
 }
@@ -118,13 +121,20 @@ fn make_template() -> Result<PathBuf> {
     let mut cmd = Command::new(pg_bin_dir().join("initdb"));
     cmd.arg("-D")
         .arg(&data)
-        .args(["-U", "postgres", "--auth-local=trust", "--auth-host=scram-sha-256"])
+        .args([
+            "-U",
+            "postgres",
+            "--auth-local=trust",
+            "--auth-host=scram-sha-256",
+        ])
         .args(["-E", "UTF8", "--locale=C", "-N"])
         .arg(format!("--pwfile={}", pwfile.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     as_pg_owner(&mut cmd);
-    let out = cmd.output().context("run initdb (is postgresql-15 installed?)")?;
+    let out = cmd
+        .output()
+        .context("run initdb (is postgresql-15 installed?)")?;
     if !out.status.success() {
         bail!("initdb: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -196,7 +206,10 @@ impl Postgres {
             .arg(self.port.to_string())
             .args(["-c", "listen_addresses=127.0.0.1"])
             .arg("-c")
-            .arg(format!("unix_socket_directories={}", self.dir.path().display()))
+            .arg(format!(
+                "unix_socket_directories={}",
+                self.dir.path().display()
+            ))
             .arg("-c")
             .arg(format!("wal_level={}", self.opts.wal_level))
             .args(["-c", "max_replication_slots=32", "-c", "max_wal_senders=32"])
@@ -248,7 +261,10 @@ impl Postgres {
 
     /// `postgres://postgres:PW@127.0.0.1:PORT/db`
     pub fn dsn(&self, db: &str) -> String {
-        format!("postgres://postgres:{PG_PASSWORD}@127.0.0.1:{}/{db}", self.port)
+        format!(
+            "postgres://postgres:{PG_PASSWORD}@127.0.0.1:{}/{db}",
+            self.port
+        )
     }
 
     /// Connects with tokio-postgres; the connection task is spawned on the current runtime.
@@ -305,7 +321,9 @@ pub struct Broker {
 
 impl Broker {
     pub fn start() -> Result<Self> {
-        let dir = tempfile::Builder::new().prefix("outboxd-tansu-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("outboxd-tansu-")
+            .tempdir()?;
         let mut b = Self {
             port: free_port(),
             child: None,

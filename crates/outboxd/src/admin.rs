@@ -1,0 +1,203 @@
+//! `outboxd init` (create what is missing, idempotently) and `outboxd check` (report every
+//! problem with its fix, exit non-zero on any).
+
+use crate::config::{Config, Preset};
+use crate::error::RelayError;
+use crate::producer::Producer;
+use crate::source;
+use std::time::Duration;
+
+/// The default schema, exactly as shipped in `sql/001_outbox.sql`.
+pub const OUTBOX_SQL: &str = include_str!("../../../sql/001_outbox.sql");
+
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// Creates the outbox table (default schema only), the publication and the slot when missing.
+pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
+    let sql = source::sql_connect(cfg).await?;
+    let mut done = Vec::new();
+    let (schema, table) = cfg.table_name();
+    let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+    if cfg.source.columns.preset == Preset::Outboxd {
+        let ddl = OUTBOX_SQL
+            .replace("public.outbox", &qualified)
+            .replace("outbox_created_at_idx", &format!("{table}_created_at_idx"))
+            .replace("'outbox_pub'", &format!("'{}'", cfg.source.publication))
+            .replace(
+                "PUBLICATION outbox_pub",
+                &format!("PUBLICATION {}", cfg.source.publication),
+            );
+        sql.batch_execute(&ddl).await?;
+        done.push(format!(
+            "table {schema}.{table} and publication {} present",
+            cfg.source.publication
+        ));
+    } else {
+        let exists: bool = sql
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+            .await?
+            .get(0);
+        if !exists {
+            return Err(RelayError::Setup(format!(
+                "table {schema}.{table} does not exist; with preset {:?} outboxd reads your \
+                 existing table and does not create it",
+                cfg.source.columns.preset
+            )));
+        }
+        let has_pub: bool = sql
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+                &[&cfg.source.publication],
+            )
+            .await?
+            .get(0);
+        if !has_pub {
+            sql.batch_execute(&format!(
+                "CREATE PUBLICATION {} FOR TABLE {qualified} WITH (publish = 'insert')",
+                cfg.source.publication
+            ))
+            .await?;
+        }
+        done.push(format!("publication {} present", cfg.source.publication));
+    }
+    let (slot, _) = source::preflight(cfg, &sql, true).await?;
+    done.push(format!(
+        "slot {} present (confirmed_flush_lsn {})",
+        cfg.source.slot,
+        source::fmt_lsn(slot.confirmed_flush)
+    ));
+    Ok(done)
+}
+
+/// One line of `outboxd check` output.
+#[derive(Debug)]
+pub struct CheckLine {
+    pub ok: bool,
+    pub what: String,
+    pub detail: String,
+}
+
+fn line(ok: bool, what: &str, detail: impl Into<String>) -> CheckLine {
+    CheckLine {
+        ok,
+        what: what.into(),
+        detail: detail.into(),
+    }
+}
+
+/// Runs every check it can; a failed connection skips the checks that need it.
+pub async fn check(cfg: &Config) -> Vec<CheckLine> {
+    let mut out = vec![line(true, "config", "parsed and valid")];
+    match source::sql_connect(cfg).await {
+        Err(e) => out.push(line(
+            false,
+            "postgres",
+            format!("{e} — is source.dsn right and the server up?"),
+        )),
+        Ok(sql) => {
+            out.push(line(true, "postgres", "connected"));
+            out.push(match privileges(&sql).await {
+                Ok(true) => line(true, "privileges", "role may use replication"),
+                Ok(false) => line(
+                    false,
+                    "privileges",
+                    "the role lacks REPLICATION: ALTER ROLE <user> WITH REPLICATION;",
+                ),
+                Err(e) => line(false, "privileges", e.to_string()),
+            });
+            match source::preflight(cfg, &sql, false).await {
+                Ok((slot, _)) => {
+                    out.push(line(true, "wal_level / table / publication", "ok"));
+                    out.push(line(
+                        true,
+                        "slot",
+                        match slot.active_pid {
+                            Some(pid) => format!(
+                                "{} exists, in use by PID {pid} (this instance would stand by)",
+                                cfg.source.slot
+                            ),
+                            None => format!(
+                                "{} exists, confirmed_flush_lsn {}",
+                                cfg.source.slot,
+                                source::fmt_lsn(slot.confirmed_flush)
+                            ),
+                        },
+                    ));
+                }
+                Err(RelayError::Setup(m)) if m.contains("slot") && cfg.source.create_slot => {
+                    out.push(line(true, "slot", format!("{m} (run will create it)")))
+                }
+                Err(e) => out.push(line(false, "source setup", e.to_string())),
+            }
+            if let Some(l) = columns(cfg, &sql).await {
+                out.push(l);
+            }
+        }
+    }
+    out.push(match broker(cfg) {
+        Ok(()) => line(true, "broker", "metadata fetched"),
+        Err(e) => line(
+            false,
+            "broker",
+            format!("{e} — check sink.kafka.\"bootstrap.servers\" and that the broker is up"),
+        ),
+    });
+    out
+}
+
+async fn privileges(sql: &tokio_postgres::Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// Required columns of the configured mapping that the table lacks.
+async fn columns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine> {
+    let names = cfg.source.columns.resolve().ok()?;
+    let (schema, table) = cfg.table_name();
+    let rows = sql
+        .query(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name = $2",
+            &[&schema, &table],
+        )
+        .await
+        .ok()?;
+    if rows.is_empty() {
+        return None; // reported by preflight
+    }
+    let have: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let missing: Vec<&str> = [
+        &names.event_id,
+        &names.aggregate_type,
+        &names.aggregate_id,
+        &names.event_type,
+        &names.payload,
+    ]
+    .into_iter()
+    .filter(|n| !have.contains(n))
+    .map(String::as_str)
+    .collect();
+    Some(if missing.is_empty() {
+        line(true, "columns", "all required columns present")
+    } else {
+        line(
+            false,
+            "columns",
+            format!(
+                "{schema}.{table} lacks {missing:?}: set source.columns.* (or preset) to your names"
+            ),
+        )
+    })
+}
+
+fn broker(cfg: &Config) -> Result<(), RelayError> {
+    let (p, _rx) = Producer::new(cfg)?;
+    p.ping(Duration::from_secs(5))
+}

@@ -1,0 +1,122 @@
+//! The `outboxd` command line: `run`, `init`, `check`.
+
+use crate::config::{Config, LogFormat};
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio::sync::watch;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "outboxd",
+    version,
+    about = "Transactional outbox relay: Postgres WAL → Kafka"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Stream committed outbox rows to Kafka until SIGTERM/SIGINT.
+    Run(ConfigArg),
+    /// Create the outbox table, publication and slot when missing (idempotent).
+    Init(ConfigArg),
+    /// Validate config, connectivity, wal_level, publication, slot, privileges and the broker.
+    Check(ConfigArg),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ConfigArg {
+    /// TOML config file; every key can be overridden by OUTBOXD_<SECTION>_<KEY>.
+    #[arg(long, short, env = "OUTBOXD_CONFIG")]
+    pub config: PathBuf,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => b.json().init(),
+        LogFormat::Text => b.init(),
+    }
+}
+
+/// Entry point of the binary (also used by the test crate's copy of the binary).
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("outboxd: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let path = match &cli.cmd {
+        Cmd::Run(a) | Cmd::Init(a) | Cmd::Check(a) => a.config.clone(),
+    };
+    let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
+    init_logging(cfg.log.format);
+    match cli.cmd {
+        Cmd::Run(_) => {
+            let (tx, rx) = watch::channel(false);
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                tracing::info!("shutdown requested: draining in-flight events");
+                let _ = tx.send(true);
+                wait_for_signal().await;
+                tracing::warn!("second signal: exiting without draining");
+                std::process::exit(130);
+            });
+            crate::run(cfg, rx).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Init(_) => {
+            for l in crate::admin::init(&cfg).await? {
+                println!("ok  {l}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Check(_) => {
+            let lines = crate::admin::check(&cfg).await;
+            let failed = lines.iter().filter(|l| !l.ok).count();
+            for l in &lines {
+                println!(
+                    "{}  {:<32} {}",
+                    if l.ok { "ok  " } else { "FAIL" },
+                    l.what,
+                    l.detail
+                );
+            }
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("outboxd check: {failed} problem(s)");
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,507 @@
+//! Configuration: a TOML file, every key overridable by `OUTBOXD_<SECTION>_<KEY>` environment
+//! variables (secrets such as the DSN or its password usually come from the environment).
+//!
+//! `[sink.kafka]` is passed verbatim to librdkafka; its env form maps `_` to `.`
+//! (`OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS` → `bootstrap.servers`).
+
+use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+fn invalid(msg: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(msg.into())
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub source: SourceConfig,
+    #[serde(default)]
+    pub sink: SinkConfig,
+    #[serde(default)]
+    pub relay: RelayConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// libpq-style URL or key=value DSN of the source database.
+    pub dsn: String,
+    /// Overrides the DSN's password (keep the DSN in the file, the password in the env).
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default = "d_publication")]
+    pub publication: String,
+    #[serde(default = "d_slot")]
+    pub slot: String,
+    /// Schema-qualified outbox table (`public.outbox`).
+    #[serde(default = "d_table")]
+    pub table: String,
+    /// Create the slot at start-up when missing (`outboxd init` always creates it).
+    #[serde(default = "d_true", deserialize_with = "lenient")]
+    pub create_slot: bool,
+    /// Standby status interval; capped at `wal_sender_timeout / 2` at run time.
+    #[serde(default = "d_status_ms", deserialize_with = "lenient")]
+    pub status_interval_ms: u64,
+    #[serde(default)]
+    pub columns: Columns,
+}
+
+/// Column names of the outbox table. `preset = "debezium"` reads Debezium's outbox table
+/// (`id`, `aggregatetype`, `aggregateid`, `type`, `payload`) unchanged.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Columns {
+    #[serde(default)]
+    pub preset: Preset,
+    pub event_id: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub aggregate_version: Option<String>,
+    pub event_type: Option<String>,
+    pub schema_version: Option<String>,
+    pub payload: Option<String>,
+    pub headers: Option<String>,
+    pub created_at: Option<String>,
+}
+
+impl Default for Columns {
+    fn default() -> Self {
+        Self {
+            preset: Preset::Outboxd,
+            event_id: None,
+            aggregate_type: None,
+            aggregate_id: None,
+            aggregate_version: None,
+            event_type: None,
+            schema_version: None,
+            payload: None,
+            headers: None,
+            created_at: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Preset {
+    #[default]
+    Outboxd,
+    Debezium,
+}
+
+/// Resolved column names; `None` means "this table has no such column".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnNames {
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub aggregate_version: Option<String>,
+    pub event_type: String,
+    pub schema_version: Option<String>,
+    pub payload: String,
+    pub headers: Option<String>,
+    pub created_at: Option<String>,
+}
+
+impl Columns {
+    /// Applies the preset, then explicit names. An explicit empty string removes an optional
+    /// column (e.g. `aggregate_version = ""` for a table without versions).
+    pub fn resolve(&self) -> Result<ColumnNames, ConfigError> {
+        let mut n = match self.preset {
+            Preset::Outboxd => ColumnNames {
+                event_id: "event_id".into(),
+                aggregate_type: "aggregate_type".into(),
+                aggregate_id: "aggregate_id".into(),
+                aggregate_version: Some("aggregate_version".into()),
+                event_type: "event_type".into(),
+                schema_version: Some("schema_version".into()),
+                payload: "payload".into(),
+                headers: Some("headers".into()),
+                created_at: Some("created_at".into()),
+            },
+            Preset::Debezium => ColumnNames {
+                event_id: "id".into(),
+                aggregate_type: "aggregatetype".into(),
+                aggregate_id: "aggregateid".into(),
+                aggregate_version: None,
+                event_type: "type".into(),
+                schema_version: None,
+                payload: "payload".into(),
+                headers: None,
+                created_at: None,
+            },
+        };
+        let required = [
+            (&self.event_id, &mut n.event_id, "event_id"),
+            (
+                &self.aggregate_type,
+                &mut n.aggregate_type,
+                "aggregate_type",
+            ),
+            (&self.aggregate_id, &mut n.aggregate_id, "aggregate_id"),
+            (&self.event_type, &mut n.event_type, "event_type"),
+            (&self.payload, &mut n.payload, "payload"),
+        ];
+        for (set, slot, key) in required {
+            match set.as_deref() {
+                Some("") => return Err(invalid(format!("source.columns.{key} cannot be empty"))),
+                Some(v) => *slot = v.to_string(),
+                None => {}
+            }
+        }
+        let optional = [
+            (&self.aggregate_version, &mut n.aggregate_version),
+            (&self.schema_version, &mut n.schema_version),
+            (&self.headers, &mut n.headers),
+            (&self.created_at, &mut n.created_at),
+        ];
+        for (set, slot) in optional {
+            match set.as_deref() {
+                Some("") => *slot = None,
+                Some(v) => *slot = Some(v.to_string()),
+                None => {}
+            }
+        }
+        Ok(n)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    /// Topic template; `{aggregate_type}` and `{event_type}` are substituted.
+    #[serde(default = "d_topic")]
+    pub topic: String,
+    /// librdkafka properties, verbatim.
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        Self {
+            topic: d_topic(),
+            kafka: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Upper bound on events between the oldest unacknowledged one and the newest produced.
+    #[serde(default = "d_max_events", deserialize_with = "lenient")]
+    pub max_in_flight_events: usize,
+    /// Upper bound on the bytes (key + value + headers) of unacknowledged events.
+    #[serde(default = "d_max_bytes", deserialize_with = "lenient")]
+    pub max_in_flight_bytes: usize,
+    /// How long SIGTERM waits for in-flight events before confirming what was acknowledged.
+    #[serde(default = "d_shutdown_ms", deserialize_with = "lenient")]
+    pub shutdown_timeout_ms: u64,
+    /// Largest backoff between session restarts (transient failures, slot held elsewhere).
+    #[serde(default = "d_backoff_ms", deserialize_with = "lenient")]
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight_events: d_max_events(),
+            max_in_flight_bytes: d_max_bytes(),
+            shutdown_timeout_ms: d_shutdown_ms(),
+            max_backoff_ms: d_backoff_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+fn d_publication() -> String {
+    "outbox_pub".into()
+}
+fn d_slot() -> String {
+    "outboxd".into()
+}
+fn d_table() -> String {
+    "public.outbox".into()
+}
+fn d_true() -> bool {
+    true
+}
+fn d_status_ms() -> u64 {
+    1000
+}
+fn d_topic() -> String {
+    "outbox.event.{aggregate_type}".into()
+}
+fn d_max_events() -> usize {
+    50_000
+}
+fn d_max_bytes() -> usize {
+    32 << 20
+}
+fn d_shutdown_ms() -> u64 {
+    10_000
+}
+fn d_backoff_ms() -> u64 {
+    5_000
+}
+
+/// Accepts a native TOML value or a string (environment overrides are always strings).
+fn lenient<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr + Deserialize<'de>,
+    T::Err: std::fmt::Display,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either<T> {
+        S(String),
+        T(T),
+    }
+    match Either::<T>::deserialize(d)? {
+        Either::S(s) => s.parse().map_err(serde::de::Error::custom),
+        Either::T(t) => Ok(t),
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_and_env(&text, std::env::vars())
+    }
+
+    /// Parses `text`, applies `OUTBOXD_*` overrides from `env`, validates.
+    pub fn from_toml_and_env(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut root: toml::Table = text.parse().map_err(|e| invalid(format!("{e}")))?;
+        for (k, v) in env {
+            if let Some(rest) = k.strip_prefix("OUTBOXD_") {
+                apply_override(&mut root, rest, v)?;
+            }
+        }
+        let cfg: Config = toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| invalid(e.message().to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.source;
+        tokio_postgres::Config::from_str(&s.dsn)
+            .map_err(|e| invalid(format!("source.dsn is not a valid Postgres DSN: {e}")))?;
+        for (v, key) in [
+            (&s.slot, "source.slot"),
+            (&s.publication, "source.publication"),
+        ] {
+            let ok = !v.is_empty()
+                && v.len() <= 63
+                && v.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                return Err(invalid(format!(
+                    "{key} = {v:?}: use 1-63 characters of a-z, 0-9 and _"
+                )));
+            }
+        }
+        if s.table.split('.').count() > 2 || s.table.is_empty() {
+            return Err(invalid("source.table must be `table` or `schema.table`"));
+        }
+        s.columns.resolve()?;
+        crate::router::TopicTemplate::parse(&self.sink.topic)?;
+        if !self.sink.kafka.contains_key("bootstrap.servers") {
+            return Err(invalid(
+                "sink.kafka.\"bootstrap.servers\" is required (or env OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS)",
+            ));
+        }
+        for (k, v) in [
+            ("enable.idempotence", "false"),
+            ("acks", "0"),
+            ("acks", "1"),
+        ] {
+            if self.sink.kafka.get(k).map(String::as_str) == Some(v) {
+                return Err(invalid(format!(
+                    "sink.kafka.\"{k}\" = \"{v}\" would allow lost or reordered events; outboxd requires enable.idempotence=true and acks=all"
+                )));
+            }
+        }
+        if self.relay.max_in_flight_events == 0 || self.relay.max_in_flight_bytes == 0 {
+            return Err(invalid("relay.max_in_flight_* must be positive"));
+        }
+        if s.status_interval_ms == 0 {
+            return Err(invalid("source.status_interval_ms must be positive"));
+        }
+        Ok(())
+    }
+
+    /// (schema, table) of the outbox table.
+    pub fn table_name(&self) -> (String, String) {
+        match self.source.table.split_once('.') {
+            Some((s, t)) => (s.to_string(), t.to_string()),
+            None => ("public".to_string(), self.source.table.clone()),
+        }
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.relay.shutdown_timeout_ms)
+    }
+}
+
+fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<(), ConfigError> {
+    let lower = key.to_ascii_lowercase();
+    let (section, rest) = lower.split_once('_').ok_or_else(|| {
+        invalid(format!(
+            "env OUTBOXD_{key}: expected OUTBOXD_<SECTION>_<KEY>"
+        ))
+    })?;
+    if !["source", "sink", "relay", "log"].contains(&section) {
+        return Err(invalid(format!(
+            "env OUTBOXD_{key}: unknown section `{section}` (source, sink, relay, log)"
+        )));
+    }
+    let table = sub_table(root, section)?;
+    let (table, leaf) = if section == "sink" && rest.starts_with("kafka_") {
+        (
+            sub_table(table, "kafka")?,
+            rest["kafka_".len()..].replace('_', "."),
+        )
+    } else if section == "source" && rest.starts_with("columns_") {
+        (
+            sub_table(table, "columns")?,
+            rest["columns_".len()..].to_string(),
+        )
+    } else {
+        (table, rest.to_string())
+    };
+    table.insert(leaf, toml::Value::String(value));
+    Ok(())
+}
+
+fn sub_table<'a>(t: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, ConfigError> {
+    t.entry(name.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| invalid(format!("`{name}` must be a table")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[source]
+dsn = "postgres://u@127.0.0.1:5432/app"
+[sink.kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"#;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_toml_and_env(BASE, vec![]).unwrap();
+        assert_eq!(c.source.slot, "outboxd");
+        assert_eq!(c.source.publication, "outbox_pub");
+        assert_eq!(c.sink.topic, "outbox.event.{aggregate_type}");
+        assert_eq!(c.table_name(), ("public".into(), "outbox".into()));
+        assert!(c.source.create_slot);
+    }
+
+    #[test]
+    fn env_overrides_every_section() {
+        let c = Config::from_toml_and_env(
+            BASE,
+            env(&[
+                ("OUTBOXD_SOURCE_SLOT", "s2"),
+                ("OUTBOXD_SOURCE_CREATE_SLOT", "false"),
+                ("OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS", "h:1"),
+                ("OUTBOXD_SINK_KAFKA_COMPRESSION_TYPE", "zstd"),
+                ("OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS", "7"),
+                ("OUTBOXD_SOURCE_COLUMNS_PRESET", "debezium"),
+                ("HOME", "/root"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.source.slot, "s2");
+        assert!(!c.source.create_slot);
+        assert_eq!(c.sink.kafka["bootstrap.servers"], "h:1");
+        assert_eq!(c.sink.kafka["compression.type"], "zstd");
+        assert_eq!(c.relay.max_in_flight_events, 7);
+        assert_eq!(c.source.columns.preset, Preset::Debezium);
+    }
+
+    #[test]
+    fn debezium_preset_reads_debezium_columns() {
+        let n = Columns {
+            preset: Preset::Debezium,
+            ..Columns::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(n.event_id, "id");
+        assert_eq!(n.aggregate_type, "aggregatetype");
+        assert_eq!(n.aggregate_id, "aggregateid");
+        assert_eq!(n.event_type, "type");
+        assert_eq!(n.aggregate_version, None);
+    }
+
+    #[test]
+    fn bad_input_names_the_problem() {
+        let e = |t: &str, envs: &[(&str, &str)]| {
+            Config::from_toml_and_env(t, env(envs))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e("[source]\n", &[]).contains("dsn"));
+        assert!(e(BASE, &[("OUTBOXD_SOURCE_SLOT", "Bad-Slot")]).contains("source.slot"));
+        assert!(e(BASE, &[("OUTBOXD_SINK_KAFKA_ACKS", "1")]).contains("acks=all"));
+        assert!(e(BASE, &[("OUTBOXD_SINK_TOPIC", "x.{nope}")]).contains("{nope}"));
+        assert!(e(BASE, &[("OUTBOXD_NOPE_X", "1")]).contains("unknown section"));
+        assert!(e(&format!("{BASE}\n[relay]\nbogus = 1\n"), &[]).contains("bogus"));
+        assert!(e(BASE, &[("OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS", "lots")]).contains("invalid"));
+        let no_broker = "[source]\ndsn = \"postgres://u@h/db\"\n";
+        assert!(e(no_broker, &[]).contains("bootstrap.servers"));
+    }
+}

@@ -1,0 +1,269 @@
+//! Replication source: the SQL-side checks and slot handling, and the replication stream.
+//!
+//! Every precondition is checked over an ordinary SQL connection before streaming starts, so a
+//! misconfigured server fails with a message naming the fix instead of a protocol error.
+
+use crate::config::Config;
+use crate::error::RelayError;
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig};
+use std::str::FromStr;
+use std::time::Duration;
+use tokio_postgres::config::Host;
+
+/// What the slot looked like when the session started.
+#[derive(Debug, Clone)]
+pub struct SlotState {
+    pub confirmed_flush: u64,
+    pub active_pid: Option<i32>,
+}
+
+/// Opens an ordinary SQL connection to the source (the connection task runs in the background).
+pub async fn sql_connect(cfg: &Config) -> Result<tokio_postgres::Client, RelayError> {
+    let pg = pg_config(cfg)?;
+    let (client, conn) = pg.connect(tokio_postgres::NoTls).await.map_err(|e| {
+        RelayError::Postgres(format!(
+            "cannot connect to {}: {}",
+            describe(&pg),
+            crate::error::RelayError::from(e)
+        ))
+    })?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "sql connection ended");
+        }
+    });
+    Ok(client)
+}
+
+fn pg_config(cfg: &Config) -> Result<tokio_postgres::Config, RelayError> {
+    let mut pg = tokio_postgres::Config::from_str(&cfg.source.dsn)
+        .map_err(|e| RelayError::Setup(format!("source.dsn: {e}")))?;
+    if let Some(pw) = &cfg.source.password {
+        pg.password(pw);
+    }
+    pg.application_name("outboxd");
+    Ok(pg)
+}
+
+/// host:port/db, never the password.
+fn describe(pg: &tokio_postgres::Config) -> String {
+    let host = match pg.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".into(),
+    };
+    let port = pg.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "{host}:{port}/{}",
+        pg.get_dbname().unwrap_or(pg.get_user().unwrap_or("?"))
+    )
+}
+
+/// Checks wal_level, the table, the publication and the slot; creates the slot when allowed.
+/// Returns the slot state and the server's `wal_sender_timeout`.
+pub async fn preflight(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    create_slot: bool,
+) -> Result<(SlotState, Duration), RelayError> {
+    let wal_level: String = sql.query_one("SHOW wal_level", &[]).await?.get(0);
+    if wal_level != "logical" {
+        return Err(RelayError::Setup(format!(
+            "wal_level is {wal_level:?} but logical replication needs \"logical\": run \
+             ALTER SYSTEM SET wal_level = logical; then restart Postgres"
+        )));
+    }
+    let (schema, table) = cfg.table_name();
+    let exists: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)",
+            &[&schema, &table],
+        )
+        .await?
+        .get(0);
+    if !exists {
+        return Err(RelayError::Setup(format!(
+            "outbox table {schema}.{table} does not exist: run `outboxd init --config FILE` \
+             (or apply sql/001_outbox.sql)"
+        )));
+    }
+    let publication = &cfg.source.publication;
+    let pubrow = sql
+        .query_opt(
+            "SELECT pubinsert FROM pg_publication WHERE pubname = $1",
+            &[publication],
+        )
+        .await?;
+    let Some(pubrow) = pubrow else {
+        return Err(RelayError::Setup(format!(
+            "publication {publication:?} does not exist: run `outboxd init --config FILE` or \
+             CREATE PUBLICATION {publication} FOR TABLE {schema}.{table} WITH (publish = 'insert');"
+        )));
+    };
+    if !pubrow.get::<_, bool>(0) {
+        return Err(RelayError::Setup(format!(
+            "publication {publication:?} does not publish inserts: \
+             ALTER PUBLICATION {publication} SET (publish = 'insert');"
+        )));
+    }
+    let covers: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
+             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
+            &[publication, &schema, &table],
+        )
+        .await?
+        .get(0);
+    if !covers {
+        return Err(RelayError::Setup(format!(
+            "publication {publication:?} does not include {schema}.{table}: \
+             ALTER PUBLICATION {publication} ADD TABLE {schema}.{table};"
+        )));
+    }
+    let slot = slot_state(cfg, sql, create_slot).await?;
+    let timeout_ms: i64 = sql
+        .query_one(
+            "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok((slot, Duration::from_millis(timeout_ms.max(0) as u64)))
+}
+
+async fn slot_state(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    create: bool,
+) -> Result<SlotState, RelayError> {
+    let slot = &cfg.source.slot;
+    let q = "SELECT plugin, database = current_database(), confirmed_flush_lsn::text, active_pid \
+             FROM pg_replication_slots WHERE slot_name = $1";
+    let mut row = sql.query_opt(q, &[slot]).await?;
+    if row.is_none() {
+        if !create {
+            return Err(RelayError::Setup(format!(
+                "replication slot {slot:?} does not exist: run `outboxd init --config FILE` or set \
+                 source.create_slot = true"
+            )));
+        }
+        // Two instances may race to create it; the loser sees duplicate_object, which is fine.
+        if let Err(e) = sql
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[slot],
+            )
+            .await
+        {
+            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) {
+                return Err(RelayError::from(e));
+            }
+        }
+        tracing::info!(slot = %slot, "created replication slot");
+        row = sql.query_opt(q, &[slot]).await?;
+    }
+    let row = row.ok_or_else(|| RelayError::Postgres(format!("slot {slot:?} vanished")))?;
+    let plugin: Option<String> = row.get(0);
+    if plugin.as_deref() != Some("pgoutput") {
+        return Err(RelayError::Setup(format!(
+            "replication slot {slot:?} uses plugin {plugin:?}, outboxd needs pgoutput: drop it or \
+             choose another source.slot"
+        )));
+    }
+    if !row.get::<_, bool>(1) {
+        return Err(RelayError::Setup(format!(
+            "replication slot {slot:?} belongs to another database: choose another source.slot"
+        )));
+    }
+    let lsn: Option<String> = row.get(2);
+    let confirmed_flush = lsn.as_deref().map(parse_lsn).transpose()?.unwrap_or(0);
+    Ok(SlotState {
+        confirmed_flush,
+        active_pid: row.get(3),
+    })
+}
+
+/// `16/B374D848` → u64.
+pub fn parse_lsn(s: &str) -> Result<u64, RelayError> {
+    let bad = || RelayError::Postgres(format!("bad LSN {s:?}"));
+    let (hi, lo) = s.split_once('/').ok_or_else(bad)?;
+    let hi = u64::from_str_radix(hi, 16).map_err(|_| bad())?;
+    let lo = u64::from_str_radix(lo, 16).map_err(|_| bad())?;
+    Ok((hi << 32) | lo)
+}
+
+/// Formats an LSN like Postgres does.
+pub fn fmt_lsn(l: u64) -> String {
+    format!("{:X}/{:X}", l >> 32, l & 0xffff_ffff)
+}
+
+/// The slot's confirmed_flush_lsn right now (used to verify the final confirm at shutdown).
+pub async fn confirmed_flush(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+) -> Result<u64, RelayError> {
+    let row = sql
+        .query_one(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&cfg.source.slot],
+        )
+        .await?;
+    let s: Option<String> = row.get(0);
+    s.as_deref()
+        .map(parse_lsn)
+        .transpose()
+        .map(|l| l.unwrap_or(0))
+}
+
+/// Starts streaming from the slot's own confirmed position; returns once the server accepted
+/// START_REPLICATION (so "slot active for PID n" surfaces here).
+pub async fn start_stream(
+    cfg: &Config,
+    confirmed: u64,
+    status_interval: Duration,
+) -> Result<ReplicationClient, RelayError> {
+    let pg = pg_config(cfg)?;
+    let host = match pg.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(p)) => p.display().to_string(),
+        None => "127.0.0.1".into(),
+    };
+    let password = pg
+        .get_password()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .unwrap_or_default();
+    let user = pg.get_user().unwrap_or("postgres").to_string();
+    let db = pg.get_dbname().unwrap_or(&user).to_string();
+    let rc = ReplicationConfig::new(
+        host,
+        user,
+        password,
+        db,
+        cfg.source.slot.clone(),
+        cfg.source.publication.as_str(),
+    )
+    .with_port(pg.get_ports().first().copied().unwrap_or(5432))
+    .with_start_lsn(Lsn(0))
+    .with_ack_lsn(Lsn(confirmed))
+    .with_status_interval(status_interval)
+    .with_wakeup_interval(status_interval)
+    .with_buffer_size(1024)
+    // Pin how the walsender renders values: created_at is parsed from this text.
+    .with_options("-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3")
+    .with_application_name(format!("outboxd:{}", cfg.source.slot));
+    let mut client = ReplicationClient::connect(rc).await?;
+    client.wait_started().await?;
+    Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_roundtrip() {
+        assert_eq!(parse_lsn("16/B374D848").unwrap(), 0x16_B374_D848);
+        assert_eq!(fmt_lsn(0x16_B374_D848), "16/B374D848");
+        assert!(parse_lsn("nope").is_err());
+    }
+}
