@@ -9,7 +9,7 @@
 //! - [`write_events`]: outbox rows written in real transactions.
 
 use anyhow::{bail, Context, Result};
-use outboxd_testkit::{Broker, Postgres};
+use outboxd_testkit::{Broker, Postgres, Proxy};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -32,6 +32,10 @@ pub struct Env {
     pub slot: String,
     pub dir: tempfile::TempDir,
     pub extra_toml: String,
+    /// When set, the relay reaches Postgres through this proxy (tests talk to Postgres directly).
+    pub pg_proxy: Option<Proxy>,
+    /// When set, everyone reaches the broker through this proxy.
+    pub broker_proxy: Option<Proxy>,
 }
 
 impl Env {
@@ -40,6 +44,17 @@ impl Env {
         let pg = Postgres::start()?;
         let broker = Broker::start()?;
         Self::with(pg, broker, name).await
+    }
+
+    /// Like [`Env::start`], with fault proxies in front of Postgres and the broker.
+    pub async fn start_with_proxies(name: &str) -> Result<Self> {
+        let pg = Postgres::start()?;
+        let pg_proxy = Proxy::start(0, ([127, 0, 0, 1], pg.port).into())?;
+        let (broker, broker_proxy) = Broker::start_behind_proxy()?;
+        let mut env = Self::with(pg, broker, name).await?;
+        env.pg_proxy = Some(pg_proxy);
+        env.broker_proxy = Some(broker_proxy);
+        Ok(env)
     }
 
     pub async fn with(pg: Postgres, broker: Broker, name: &str) -> Result<Self> {
@@ -51,6 +66,8 @@ impl Env {
             slot: format!("slot_{name}"),
             dir: tempfile::tempdir()?,
             extra_toml: String::new(),
+            pg_proxy: None,
+            broker_proxy: None,
         };
         outboxd::admin::init(&env.config()?).await?;
         Ok(env)
@@ -71,7 +88,13 @@ shutdown_timeout_ms = 5000
 max_backoff_ms = 1000
 {extra}
 "#,
-            dsn = self.pg.dsn(&self.db),
+            dsn = match &self.pg_proxy {
+                Some(p) => self
+                    .pg
+                    .dsn(&self.db)
+                    .replace(&format!(":{}/", self.pg.port), &format!(":{}/", p.port)),
+                None => self.pg.dsn(&self.db),
+            },
             slot = self.slot,
             bootstrap = self.broker.bootstrap(),
             extra = self.extra_toml,

@@ -72,6 +72,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     init_logging(cfg.log.format);
     match cli.cmd {
         Cmd::Run(_) => {
+            if let Some(addr) = &cfg.metrics.listen {
+                let addr: std::net::SocketAddr = addr.parse()?;
+                metrics_exporter_prometheus::PrometheusBuilder::new()
+                    .with_http_listener(addr)
+                    .install()
+                    .with_context(|| format!("serve metrics on {addr}"))?;
+                tracing::info!(%addr, "metrics on /metrics");
+            }
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {
                 wait_for_signal().await;

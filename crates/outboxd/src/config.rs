@@ -36,6 +36,16 @@ pub struct Config {
     pub relay: RelayConfig,
     #[serde(default)]
     pub log: LogConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address of the Prometheus endpoint (`/metrics`), e.g. "0.0.0.0:9187"; unset: disabled.
+    #[serde(default)]
+    pub listen: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -365,6 +375,10 @@ impl Config {
         if self.relay.max_in_flight_events == 0 || self.relay.max_in_flight_bytes == 0 {
             return Err(invalid("relay.max_in_flight_* must be positive"));
         }
+        if let Some(l) = &self.metrics.listen {
+            l.parse::<std::net::SocketAddr>()
+                .map_err(|e| invalid(format!("metrics.listen = {l:?}: {e}")))?;
+        }
         if s.status_interval_ms == 0 {
             return Err(invalid("source.status_interval_ms must be positive"));
         }
@@ -391,9 +405,9 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<()
             "env OUTBOXD_{key}: expected OUTBOXD_<SECTION>_<KEY>"
         ))
     })?;
-    if !["source", "sink", "relay", "log"].contains(&section) {
+    if !["source", "sink", "relay", "log", "metrics"].contains(&section) {
         return Err(invalid(format!(
-            "env OUTBOXD_{key}: unknown section `{section}` (source, sink, relay, log)"
+            "env OUTBOXD_{key}: unknown section `{section}` (source, sink, relay, log, metrics)"
         )));
     }
     let table = sub_table(root, section)?;

@@ -50,6 +50,8 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
             Err(e) if e.is_transient() => e,
             Err(e) => return Err(e),
         };
+        metrics::counter!("outboxd_session_restarts_total", "class" => err.class()).increment(1);
+        metrics::gauge!("outboxd_role_active").set(0.0);
         if started.elapsed() > Duration::from_secs(30) {
             backoff = Duration::from_millis(100).min(max);
         }

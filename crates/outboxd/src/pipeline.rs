@@ -80,6 +80,10 @@ pub async fn run_session(
         topic_buf: String::new(),
         ignored: 0,
     };
+    metrics::gauge!("outboxd_role_active").set(1.0);
+    let published = metrics::counter!("outboxd_events_published_total");
+    let confirmed_gauge = metrics::gauge!("outboxd_confirmed_lsn");
+    let in_flight_gauge = metrics::gauge!("outboxd_in_flight_events");
     let mut reported = slot.confirmed_flush;
     let max_events = cfg.relay.max_in_flight_events;
     let max_bytes = cfg.relay.max_in_flight_bytes;
@@ -90,7 +94,10 @@ pub async fn run_session(
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => return Ok(()),
-                Some(ack) = acks.recv() => st.on_ack(ack)?,
+                Some(ack) = acks.recv() => {
+                    st.on_ack(ack)?;
+                    published.increment(1);
+                }
                 ev = repl.recv(), if room => match ev? {
                     Some(ev) => st.on_event(ev, &producer).await?,
                     None => return Err(RelayError::Replication("stream ended".into())),
@@ -99,11 +106,14 @@ pub async fn run_session(
             // Drain whatever acks are already waiting before the next event.
             while let Ok(ack) = acks.try_recv() {
                 st.on_ack(ack)?;
+                published.increment(1);
             }
             let c = st.tracker.confirmed();
             if c > reported {
                 repl.update_applied_lsn(Lsn(c));
                 reported = c;
+                confirmed_gauge.set(c as f64);
+                in_flight_gauge.set(st.tracker.in_flight() as f64);
             }
         }
     }

@@ -10,6 +10,10 @@
 //! Every child process gets `PR_SET_PDEATHSIG = SIGKILL`, so a test process that dies (or is
 //! killed by a timeout) never leaves servers behind.
 
+pub mod proxy;
+
+pub use proxy::{Mode, Proxy};
+
 use anyhow::{bail, Context, Result};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -314,6 +318,8 @@ impl Drop for Postgres {
 /// A tansu broker (memory storage). Dropping it kills the broker.
 pub struct Broker {
     pub port: u16,
+    /// Port clients are told to use (a proxy's), when not `port`.
+    advertised: u16,
     child: Option<Child>,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -321,11 +327,26 @@ pub struct Broker {
 
 impl Broker {
     pub fn start() -> Result<Self> {
+        let port = free_port();
+        Self::start_on(port, port)
+    }
+
+    /// A broker reachable only through a [`Proxy`] (it advertises the proxy's address, so
+    /// clients never bypass it after the metadata round trip).
+    pub fn start_behind_proxy() -> Result<(Self, Proxy)> {
+        let port = free_port();
+        let proxy = Proxy::start(0, ([127, 0, 0, 1], port).into())?;
+        let b = Self::start_on(port, proxy.port)?;
+        Ok((b, proxy))
+    }
+
+    fn start_on(port: u16, advertised: u16) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("outboxd-tansu-")
             .tempdir()?;
         let mut b = Self {
-            port: free_port(),
+            port,
+            advertised,
             child: None,
             log: dir.path().join("tansu.log"),
             _dir: dir,
@@ -334,8 +355,9 @@ impl Broker {
         Ok(b)
     }
 
+    /// The address clients use (the proxy's when behind one).
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("127.0.0.1:{}", self.advertised)
     }
 
     fn spawn(&mut self) -> Result<()> {
@@ -347,10 +369,11 @@ impl Broker {
             );
         }
         let url = format!("tcp://127.0.0.1:{}", self.port);
+        let adv = format!("tcp://127.0.0.1:{}", self.advertised);
         let log = std::fs::File::create(&self.log)?;
         let mut cmd = Command::new(bin);
         cmd.arg("broker")
-            .args(["--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--listener-url", &url, "--advertised-listener-url", &adv])
             .args(["--storage-engine", "memory://tansu/"])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
@@ -401,6 +424,8 @@ mod tests {
         assert_eq!(row.get::<_, String>(0), "logical");
         let b = Broker::start()?;
         assert!(std::net::TcpStream::connect(b.bootstrap()).is_ok());
+        let (_b2, proxy) = Broker::start_behind_proxy()?;
+        assert!(std::net::TcpStream::connect(proxy.addr()).is_ok());
         Ok(())
     }
 }
