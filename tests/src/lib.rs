@@ -278,13 +278,46 @@ impl Record {
 }
 
 /// Reads every record of `topic` from the beginning until `min` records were seen and the topic
-/// stayed quiet for `settle`, or `timeout` passed. Manual assignment: no consumer-group join.
+/// stayed quiet for a moment, or `timeout` passed. Manual assignment: no consumer-group join.
 pub fn read_topic(
     bootstrap: &str,
     topic: &str,
     min: usize,
     timeout: Duration,
 ) -> Result<Vec<Record>> {
+    let mut out = Vec::new();
+    scan_topic(bootstrap, topic, min, timeout, |m| {
+        let mut headers = BTreeMap::new();
+        if let Some(h) = m.headers() {
+            for hd in h.iter() {
+                headers.insert(
+                    hd.key.to_string(),
+                    String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
+                );
+            }
+        }
+        out.push(Record {
+            topic: m.topic().to_string(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().unwrap_or_default().to_vec(),
+            value: m.payload().unwrap_or_default().to_vec(),
+            headers,
+            timestamp: m.timestamp().to_millis(),
+        });
+    })?;
+    Ok(out)
+}
+
+/// Like [`read_topic`] but hands each message to `f` instead of keeping it (for big topics);
+/// returns how many were seen. (tansu's high watermarks lag, so tests count by reading.)
+pub fn scan_topic(
+    bootstrap: &str,
+    topic: &str,
+    min: usize,
+    timeout: Duration,
+    mut f: impl FnMut(&rdkafka::message::BorrowedMessage<'_>),
+) -> Result<usize> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("reader-{}", std::process::id()))
@@ -303,7 +336,7 @@ pub fn read_topic(
             break n;
         }
         if Instant::now() > deadline {
-            return Ok(vec![]);
+            return Ok(0);
         }
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -312,41 +345,25 @@ pub fn read_topic(
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
-    let mut out = Vec::new();
+    let mut seen = 0;
     let mut last = Instant::now();
     let settle = Duration::from_millis(700);
     while Instant::now() < deadline {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
-                let mut headers = BTreeMap::new();
-                if let Some(h) = m.headers() {
-                    for hd in h.iter() {
-                        headers.insert(
-                            hd.key.to_string(),
-                            String::from_utf8_lossy(hd.value.unwrap_or_default()).into_owned(),
-                        );
-                    }
-                }
-                out.push(Record {
-                    topic: m.topic().to_string(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().unwrap_or_default().to_vec(),
-                    value: m.payload().unwrap_or_default().to_vec(),
-                    headers,
-                    timestamp: m.timestamp().to_millis(),
-                });
+                f(&m);
+                seen += 1;
                 last = Instant::now();
             }
             Some(Err(e)) => bail!("consume {topic}: {e}"),
             None => {
-                if out.len() >= min && last.elapsed() > settle {
+                if seen >= min && last.elapsed() > settle {
                     break;
                 }
             }
         }
     }
-    Ok(out)
+    Ok(seen)
 }
 
 /// An event as the tests write it.

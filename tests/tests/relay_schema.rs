@@ -1,0 +1,148 @@
+//! Schema handling and instances: the Debezium preset reads Debezium's table unchanged (with zstd
+//! compression); a column added mid-stream is harmless; a required column dropped mid-stream stops
+//! the relay with a clear error and nothing past it is confirmed; a second instance on the same
+//! slot stands by instead of crash-looping and takes over when the first stops.
+
+use outboxd_tests::*;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_preset_reads_a_debezium_table_unchanged() -> anyhow::Result<()> {
+    let mut env = Env::start("debezium").await?;
+    let c = env.sql().await?;
+    c.batch_execute(
+        "CREATE TABLE public.dbz_outbox (id uuid PRIMARY KEY, aggregatetype varchar(255) NOT NULL, \
+         aggregateid varchar(255) NOT NULL, type varchar(255) NOT NULL, payload jsonb); \
+         CREATE PUBLICATION dbz_pub FOR TABLE public.dbz_outbox WITH (publish = 'insert');",
+    )
+    .await?;
+    env.extra_toml = "".into();
+    let toml = env
+        .toml()
+        .replace("[source]\n", "[source]\ntable = \"public.dbz_outbox\"\npublication = \"dbz_pub\"\n")
+        .replace("[sink.kafka]\n", "[source.columns]\npreset = \"debezium\"\n[sink.kafka]\n\"compression.type\" = \"zstd\"\n");
+    let cfg = outboxd::Config::from_toml_and_env(&toml, Vec::<(String, String)>::new())?;
+    let relay = Relay::start(cfg);
+    let id = Uuid::now_v7();
+    c.execute(
+        "INSERT INTO dbz_outbox VALUES ($1, 'customer', 'c-9', 'CustomerCreated', '{\"name\": \"x\"}')",
+        &[&id],
+    )
+    .await?;
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.customer",
+        1,
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].key, b"c-9");
+    assert_eq!(recs[0].header("event_id"), id.to_string());
+    assert_eq!(recs[0].header("event_type"), "CustomerCreated");
+    assert_eq!(recs[0].value, b"{\"name\": \"x\"}");
+    assert!(!recs[0].headers.contains_key("aggregate_version"));
+    relay.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relation_changes_mid_stream() -> anyhow::Result<()> {
+    let env = Env::start("relchange").await?;
+    let relay = Relay::start(env.config()?);
+    let mut c = env.sql().await?;
+    let ev = |agg: &str, v: i64| NewEvent {
+        event_id: Uuid::now_v7(),
+        aggregate_type: "item".into(),
+        aggregate_id: agg.into(),
+        version: v,
+        event_type: "ItemChanged".into(),
+        payload: serde_json::json!({"v": v}),
+    };
+    write_events(&mut c, &[ev("i-1", 1)], false).await?;
+    // An added column: harmless, the mapping is re-resolved.
+    c.batch_execute("ALTER TABLE outbox ADD COLUMN tenant text DEFAULT 'acme'")
+        .await?;
+    write_events(&mut c, &[ev("i-1", 2)], false).await?;
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.item",
+        2,
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(recs.len(), 2);
+    eventually(Duration::from_secs(10), || async {
+        Ok(env.confirmed_lsn().await? >= env.current_lsn().await?)
+    })
+    .await?;
+
+    // A required column disappears: the relay stops, naming it, and confirms nothing past it.
+    c.batch_execute("ALTER TABLE outbox RENAME COLUMN aggregate_id TO agg")
+        .await?;
+    let before = env.current_lsn().await?;
+    c.execute(
+        "INSERT INTO outbox (event_id, aggregate_type, agg, aggregate_version, event_type, payload) \
+         VALUES ($1, 'item', 'i-1', 3, 'ItemChanged', '{}')",
+        &[&Uuid::now_v7()],
+    )
+    .await?;
+    let err = tokio::time::timeout(Duration::from_secs(30), relay.join())
+        .await?
+        .expect_err("relay must stop on a missing required column");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("aggregate_id") && msg.contains("source.columns"),
+        "{msg}"
+    );
+    assert!(!err.is_transient());
+    assert!(
+        env.confirmed_lsn().await? <= before,
+        "confirmed past the unreadable row"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_instance_stands_by_then_takes_over() -> anyhow::Result<()> {
+    let env = Env::start("standby").await?;
+    let a = Relay::start(env.config()?);
+    let mut c = env.sql().await?;
+    let ev = |v: i64| NewEvent {
+        event_id: Uuid::now_v7(),
+        aggregate_type: "ha".into(),
+        aggregate_id: "x".into(),
+        version: v,
+        event_type: "Tick".into(),
+        payload: serde_json::json!({"v": v}),
+    };
+    write_events(&mut c, &[ev(1)], false).await?;
+    eventually(Duration::from_secs(20), || async {
+        Ok(env.confirmed_lsn().await? >= env.current_lsn().await?)
+    })
+    .await?;
+    // The slot is busy: the second instance must neither crash nor steal it.
+    let b = Relay::start(env.config()?);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!b.is_finished(), "standby instance exited");
+    write_events(&mut c, &[ev(2)], false).await?;
+    a.shutdown().await?;
+    // The standby takes over and delivers what comes next.
+    write_events(&mut c, &[ev(3)], false).await?;
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.ha",
+        3,
+        Duration::from_secs(30),
+    )?;
+    let versions: std::collections::BTreeSet<String> = recs
+        .iter()
+        .map(|r| r.header("aggregate_version").to_string())
+        .collect();
+    assert_eq!(versions.into_iter().collect::<Vec<_>>(), ["1", "2", "3"]);
+    eventually(Duration::from_secs(20), || async {
+        Ok(env.confirmed_lsn().await? >= env.current_lsn().await?)
+    })
+    .await?;
+    b.shutdown().await?;
+    Ok(())
+}
