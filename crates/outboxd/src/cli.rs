@@ -26,6 +26,13 @@ pub enum Cmd {
     Init(ConfigArg),
     /// Validate config, connectivity, wal_level, publication, slot, privileges and the broker.
     Check(ConfigArg),
+    /// Inspect and repair parked (poison) events.
+    Parked {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        cmd: crate::parked_cmd::ParkedCmd,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -67,6 +74,7 @@ pub fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let path = match &cli.cmd {
         Cmd::Run(a) | Cmd::Init(a) | Cmd::Check(a) => a.config.clone(),
+        Cmd::Parked { config, .. } => config.config.clone(),
     };
     let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
     init_logging(cfg.log.format);
@@ -90,6 +98,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 std::process::exit(130);
             });
             crate::run(cfg, rx).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Parked { cmd, .. } => {
+            println!("{}", crate::parked_cmd::run(&cfg, cmd).await?);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Init(_) => {

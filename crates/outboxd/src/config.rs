@@ -38,6 +38,19 @@ pub struct Config {
     pub log: LogConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Poison-event policy: `ordering` and `on_poison`, per event type.
+    #[serde(default)]
+    pub policy: crate::policy::PolicyConfig,
+    #[serde(default)]
+    pub validation: ValidationConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationConfig {
+    /// Directory of JSON Schemas, `<dir>/<event_type>/<schema_version>.json`; unset: no validation.
+    #[serde(default)]
+    pub schema_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -228,6 +241,9 @@ pub struct RelayConfig {
     /// Largest backoff between session restarts (transient failures, slot held elsewhere).
     #[serde(default = "d_backoff_ms", deserialize_with = "lenient")]
     pub max_backoff_ms: u64,
+    /// How often the relay looks for operator repairs of parked events.
+    #[serde(default = "d_repair_ms", deserialize_with = "lenient")]
+    pub repair_interval_ms: u64,
 }
 
 impl Default for RelayConfig {
@@ -237,6 +253,7 @@ impl Default for RelayConfig {
             max_in_flight_bytes: d_max_bytes(),
             shutdown_timeout_ms: d_shutdown_ms(),
             max_backoff_ms: d_backoff_ms(),
+            repair_interval_ms: d_repair_ms(),
         }
     }
 }
@@ -285,6 +302,9 @@ fn d_shutdown_ms() -> u64 {
 }
 fn d_backoff_ms() -> u64 {
     5_000
+}
+fn d_repair_ms() -> u64 {
+    1_000
 }
 
 /// Accepts a native TOML value or a string (environment overrides are always strings).
@@ -372,6 +392,9 @@ impl Config {
                 )));
             }
         }
+        if self.relay.repair_interval_ms == 0 {
+            return Err(invalid("relay.repair_interval_ms must be positive"));
+        }
         if self.relay.max_in_flight_events == 0 || self.relay.max_in_flight_bytes == 0 {
             return Err(invalid("relay.max_in_flight_* must be positive"));
         }
@@ -405,9 +428,19 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<()
             "env OUTBOXD_{key}: expected OUTBOXD_<SECTION>_<KEY>"
         ))
     })?;
-    if !["source", "sink", "relay", "log", "metrics"].contains(&section) {
+    const SECTIONS: [&str; 7] = [
+        "source",
+        "sink",
+        "relay",
+        "log",
+        "metrics",
+        "policy",
+        "validation",
+    ];
+    if !SECTIONS.contains(&section) {
         return Err(invalid(format!(
-            "env OUTBOXD_{key}: unknown section `{section}` (source, sink, relay, log, metrics)"
+            "env OUTBOXD_{key}: unknown section `{section}` ({})",
+            SECTIONS.join(", ")
         )));
     }
     let table = sub_table(root, section)?;

@@ -33,6 +33,14 @@ pub enum RelayError {
         code: String,
         message: String,
     },
+    /// A poison event under `on_poison = "halt"`: nothing past it is confirmed; the relay keeps
+    /// retrying it (maximum backoff) and reports not-ready until an operator fixes the cause.
+    #[error("halted at event {event_id} ({class}): {message} — fix the cause (see docs/operations.md); nothing past it is confirmed")]
+    Halted {
+        event_id: String,
+        class: String,
+        message: String,
+    },
     #[error("malformed replication message: {0}")]
     Decode(#[from] DecodeError),
     #[error(transparent)]
@@ -49,6 +57,7 @@ impl RelayError {
                 | Self::SlotBusy { .. }
                 | Self::Kafka(_)
                 | Self::Delivery { .. }
+                | Self::Halted { .. }
         )
     }
 
@@ -62,6 +71,7 @@ impl RelayError {
             Self::SlotBusy { .. } => "slot_busy",
             Self::Kafka(_) => "kafka",
             Self::Delivery { .. } => "delivery",
+            Self::Halted { .. } => "halted",
             Self::Decode(_) => "decode",
             Self::Route(_) => "route",
         }

@@ -10,7 +10,11 @@
 //! - [`router`]: outbox row → Kafka record (topic template, key, value, headers, timestamp).
 //! - [`producer`]: librdkafka (idempotent, `acks=all`); delivery reports become [`producer::Ack`]s.
 //! - [`ack`]: the tracker turning out-of-order acks into the one LSN safe to confirm.
-//! - [`pipeline`]: one replication session wiring the stages above in stream order.
+//! - [`policy`], [`validate`], [`parking`]: poison events — classification, per-type policy,
+//!   JSON Schema checks, the durable `outbox_parked` table and the in-order release after repair.
+//! - [`stages`]: what each stage does with one replication event; [`pipeline`]: one session.
+//! - [`parked_cmd`]: `outboxd parked list|show|retry|discard`.
+//! - [`fail`]: crash hooks for the crash-window tests (feature `failpoints`).
 //! - [`admin`]: `outboxd init` and `outboxd check`.
 //! - [`cli`]: the command line.
 //! - [`run`]: the supervisor: sessions restart after transient errors, stop on definite ones.
@@ -20,11 +24,17 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod fail;
+pub mod parked_cmd;
+pub mod parking;
 pub mod pgoutput;
 pub mod pipeline;
+pub mod policy;
 pub mod producer;
 pub mod router;
 pub mod source;
+pub mod stages;
+pub mod validate;
 
 pub use config::Config;
 pub use error::RelayError;
@@ -58,11 +68,16 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
         let wait = match &err {
             // A standby polls at a steady pace so it can take over quickly.
             RelayError::SlotBusy { .. } => Duration::from_millis(1000).min(max),
+            RelayError::Halted { .. } => max,
             _ => jitter(backoff),
         };
         match &err {
             RelayError::SlotBusy { .. } => {
                 tracing::info!(role = "standby", error = %err, retry_in_ms = wait.as_millis() as u64, "slot busy")
+            }
+            RelayError::Halted { .. } => {
+                metrics::gauge!("outboxd_halted").set(1.0);
+                tracing::error!(error = %err, retry_in_ms = wait.as_millis() as u64, "HALTED")
             }
             _ => tracing::warn!(
                 error = %err,

@@ -11,6 +11,8 @@
 use crate::ack::Seq;
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::parking::ParkedRecord;
+use crate::policy;
 use crate::router::Event;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -32,8 +34,67 @@ pub struct Ack {
 #[derive(Debug, Clone)]
 pub struct DeliveryFailure {
     pub event_id: String,
-    pub code: String,
+    pub code: Option<RDKafkaErrorCode>,
     pub message: String,
+    /// The record as sent, captured only for deterministic failures (to park it).
+    pub record: Option<ParkedRecord>,
+}
+
+impl DeliveryFailure {
+    pub fn is_deterministic(&self) -> bool {
+        self.code.is_some_and(policy::is_deterministic)
+    }
+
+    pub fn code_name(&self) -> String {
+        self.code
+            .map(|c| format!("{c:?}"))
+            .unwrap_or_else(|| "Unknown".into())
+    }
+}
+
+/// A record librdkafka refused to enqueue.
+#[derive(Debug, Clone)]
+pub struct SendError {
+    pub code: Option<RDKafkaErrorCode>,
+    pub message: String,
+}
+
+impl SendError {
+    pub fn is_deterministic(&self) -> bool {
+        self.code.is_some_and(policy::is_deterministic)
+    }
+}
+
+/// Copies a failed record out of librdkafka so it can be parked byte for byte.
+fn capture(m: &rdkafka::message::BorrowedMessage<'_>) -> ParkedRecord {
+    let header = |n: &str| {
+        let v = header_str(m, n);
+        (v != "?").then(|| v.to_string())
+    };
+    ParkedRecord {
+        event_id: header_str(m, "event_id").to_string(),
+        aggregate_type: header("aggregate_type"),
+        aggregate_id: header("aggregate_id"),
+        aggregate_version: header("aggregate_version").and_then(|v| v.parse().ok()),
+        event_type: header("event_type"),
+        topic: Some(m.topic().to_string()),
+        key: m.key().map(<[u8]>::to_vec),
+        payload: m.payload().map(<[u8]>::to_vec),
+        headers: m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_string(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        timestamp_ms: m.timestamp().to_millis(),
+    }
 }
 
 /// Routes librdkafka's callbacks: delivery reports to the ack channel, logs to `tracing`.
@@ -87,22 +148,23 @@ impl ProducerContext for Ctx {
                 Ok(())
             }
             Err((e, m)) => {
-                let code = e
-                    .rdkafka_error_code()
-                    .map(|c| format!("{c:?}"))
-                    .unwrap_or_else(|| "Unknown".into());
-                let f = DeliveryFailure {
+                let mut f = DeliveryFailure {
                     event_id: header_str(m, "event_id").to_string(),
-                    code,
+                    code: e.rdkafka_error_code(),
                     message: e.to_string(),
+                    record: None,
                 };
+                if f.is_deterministic() {
+                    f.record = Some(capture(m));
+                }
                 tracing::warn!(
                     event_id = %f.event_id,
                     aggregate_id = header_str(m, "aggregate_id"),
                     aggregate_version = header_str(m, "aggregate_version"),
                     event_type = header_str(m, "event_type"),
                     topic = m.topic(),
-                    code = %f.code,
+                    code = %f.code_name(),
+                    deterministic = f.is_deterministic(),
                     "delivery failed: {}", f.message
                 );
                 Err(f)
@@ -156,20 +218,52 @@ impl Producer {
     }
 
     /// Enqueues one record. Waits (asynchronously) while librdkafka's local queue is full;
-    /// any other immediate error is returned (the event has no sequence number yet).
-    pub async fn send(&self, topic: &str, e: &Event<'_>, seq: Seq) -> Result<(), RelayError> {
+    /// any other immediate refusal is returned (e.g. larger than `message.max.bytes`).
+    pub async fn send(&self, topic: &str, e: &Event<'_>, seq: Seq) -> Result<(), SendError> {
         let mut headers = OwnedHeaders::new_with_capacity(self.headers_cap);
-        e.for_each_header(|k, v| {
+        // Header JSON was validated by the stage before this call.
+        let _ = e.for_each_header(|k, v| {
             headers = std::mem::take(&mut headers).insert(Header {
                 key: k,
                 value: Some(v),
             });
-        })?;
-        let mut record = BaseRecord::with_opaque_to(topic, seq as usize)
-            .key(e.aggregate_id)
+        });
+        let record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, seq as usize)
+            .key(e.aggregate_id.as_bytes())
             .payload(e.payload)
             .headers(headers);
-        if let Some(ts) = e.created_at_ms {
+        self.enqueue(record, e.created_at_ms).await
+    }
+
+    /// Enqueues a record that was parked, exactly as it was captured.
+    pub async fn send_parked(&self, r: &ParkedRecord, opaque: u64) -> Result<(), SendError> {
+        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+        for (k, v) in &r.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(
+            r.topic.as_deref().unwrap_or(""),
+            opaque as usize,
+        )
+        .headers(headers);
+        if let Some(k) = &r.key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(p) = &r.payload {
+            record = record.payload(p.as_slice());
+        }
+        self.enqueue(record, r.timestamp_ms).await
+    }
+
+    async fn enqueue(
+        &self,
+        mut record: BaseRecord<'_, [u8], [u8], usize>,
+        ts: Option<i64>,
+    ) -> Result<(), SendError> {
+        if let Some(ts) = ts {
             record = record.timestamp(ts);
         }
         loop {
@@ -180,12 +274,8 @@ impl Producer {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err((err, _)) => {
-                    return Err(RelayError::Delivery {
-                        event_id: e.event_id.to_string(),
-                        code: err
-                            .rdkafka_error_code()
-                            .map(|c| format!("{c:?}"))
-                            .unwrap_or_default(),
+                    return Err(SendError {
+                        code: err.rdkafka_error_code(),
                         message: err.to_string(),
                     })
                 }

@@ -8,7 +8,7 @@ use crate::config::{ColumnNames, ConfigError};
 use crate::pgoutput::{Relation, Value};
 use thiserror::Error;
 
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum RouteError {
     #[error("outbox table {table} has no column `{column}` (configured as source.columns.{key}); restore the column or fix the config — nothing past this point is confirmed")]
     MissingColumn {
@@ -100,6 +100,33 @@ impl RowMapping {
             schema_version: opt_text(self.schema_version, "schema_version")?,
             headers: opt_text(self.headers, "headers")?,
             created_at_ms: opt_text(self.created_at, "created_at")?.and_then(parse_timestamptz_ms),
+        })
+    }
+}
+
+impl RowMapping {
+    /// Whatever can be read from a row that failed to route, for parking it. `None` when even
+    /// the `event_id` is unreadable (then nothing can identify the event: the relay stops).
+    pub fn partial(&self, vals: &[Value<'_>]) -> Option<crate::parking::ParkedRecord> {
+        let text = |i: Option<usize>| match i.and_then(|i| vals.get(i)) {
+            Some(Value::Text(t)) => std::str::from_utf8(t).ok().map(str::to_string),
+            _ => None,
+        };
+        let event_id = text(Some(self.event_id)).filter(|s| !s.is_empty())?;
+        Some(crate::parking::ParkedRecord {
+            event_id,
+            aggregate_type: text(Some(self.aggregate_type)),
+            aggregate_id: text(Some(self.aggregate_id)),
+            aggregate_version: text(self.aggregate_version).and_then(|v| v.parse().ok()),
+            event_type: text(Some(self.event_type)),
+            topic: None,
+            key: text(Some(self.aggregate_id)).map(String::into_bytes),
+            payload: match vals.get(self.payload) {
+                Some(Value::Text(t)) => Some(t.to_vec()),
+                _ => None,
+            },
+            headers: vec![],
+            timestamp_ms: text(self.created_at).and_then(|t| parse_timestamptz_ms(&t)),
         })
     }
 }
