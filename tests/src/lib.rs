@@ -32,6 +32,8 @@ pub struct Env {
     pub slot: String,
     pub dir: tempfile::TempDir,
     pub extra_toml: String,
+    /// Extra `"key" = "value"` lines for `[sink.kafka]`.
+    pub kafka_toml: String,
     /// When set, the relay reaches Postgres through this proxy (tests talk to Postgres directly).
     pub pg_proxy: Option<Proxy>,
     /// When set, everyone reaches the broker through this proxy.
@@ -66,6 +68,7 @@ impl Env {
             slot: format!("slot_{name}"),
             dir: tempfile::tempdir()?,
             extra_toml: String::new(),
+            kafka_toml: String::new(),
             pg_proxy: None,
             broker_proxy: None,
         };
@@ -83,6 +86,7 @@ status_interval_ms = 200
 [sink.kafka]
 "bootstrap.servers" = "{bootstrap}"
 "linger.ms" = "2"
+{kafka}
 [relay]
 shutdown_timeout_ms = 5000
 max_backoff_ms = 1000
@@ -98,6 +102,7 @@ max_backoff_ms = 1000
             slot = self.slot,
             bootstrap = self.broker.bootstrap(),
             extra = self.extra_toml,
+            kafka = self.kafka_toml,
         )
     }
 
@@ -189,6 +194,15 @@ pub struct RelayProcess {
 
 impl RelayProcess {
     pub fn spawn(config: &std::path::Path, log: PathBuf) -> Result<Self> {
+        Self::spawn_with_env(config, log, &[])
+    }
+
+    /// Spawns with extra environment, e.g. `OUTBOXD_FAILPOINTS=produced@50`.
+    pub fn spawn_with_env(
+        config: &std::path::Path,
+        log: PathBuf,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -198,12 +212,27 @@ impl RelayProcess {
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(f.try_clone()?)
             .stderr(f)
             .spawn()
             .context("spawn relay")?;
         Ok(Self { child, log })
+    }
+
+    /// Waits for the process to exit by itself (e.g. at a failpoint), up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                bail!("relay still running after {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn sigkill(&mut self) {
@@ -410,6 +439,23 @@ pub async fn write_events(
         tx.commit().await?;
     }
     Ok(())
+}
+
+/// Runs `outboxd <args[0]> --config FILE <args[1..]>`; returns (exit code, stdout + stderr).
+pub fn outboxd_cli(args: &[&str], config: &std::path::Path) -> (i32, String) {
+    let out = Command::new(relay_bin())
+        .arg(args[0])
+        .arg("--config")
+        .arg(config)
+        .args(&args[1..])
+        .output()
+        .expect("run outboxd");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
 }
 
 /// Polls `f` until it returns true or `timeout` passes.

@@ -421,7 +421,20 @@ impl Config {
     }
 }
 
+/// `OUTBOXD_*` variables that are not config overrides (CLI, tests, demo, dev tooling).
+const NOT_CONFIG: [&str; 6] = [
+    "CONFIG",
+    "FAILPOINTS",
+    "PG_BIN",
+    "TANSU",
+    "DEMO_DSN",
+    "DEMO_BOOTSTRAP",
+];
+
 fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<(), ConfigError> {
+    if NOT_CONFIG.contains(&key) {
+        return Ok(());
+    }
     let lower = key.to_ascii_lowercase();
     let (section, rest) = lower.split_once('_').ok_or_else(|| {
         invalid(format!(
@@ -508,6 +521,8 @@ dsn = "postgres://u@127.0.0.1:5432/app"
                 ("OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS", "7"),
                 ("OUTBOXD_SOURCE_COLUMNS_PRESET", "debezium"),
                 ("HOME", "/root"),
+                ("OUTBOXD_CONFIG", "/etc/outboxd.toml"),
+                ("OUTBOXD_FAILPOINTS", "produced@3"),
             ]),
         )
         .unwrap();

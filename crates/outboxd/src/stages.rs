@@ -88,7 +88,6 @@ impl Stages {
                 });
                 let class = f.code.map(policy::class_of).unwrap_or("rejected");
                 self.poison(rec, class, &f.message).await?;
-                fail::hit("parked");
                 self.tracker.ack(ack.seq, true);
             }
             Err(f) => {
@@ -308,6 +307,7 @@ impl Stages {
             message,
         )
         .await?;
+        fail::hit("parked");
         tracing::error!(
             event_id = %rec.event_id,
             aggregate_id = rec.aggregate_id.as_deref().unwrap_or(""),
