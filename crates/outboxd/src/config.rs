@@ -241,6 +241,9 @@ pub struct RelayConfig {
     /// Largest backoff between session restarts (transient failures, slot held elsewhere).
     #[serde(default = "d_backoff_ms", deserialize_with = "lenient")]
     pub max_backoff_ms: u64,
+    /// How often a standby instance tries to take the slot over (bounds failover time).
+    #[serde(default = "d_standby_ms", deserialize_with = "lenient")]
+    pub standby_poll_ms: u64,
     /// How often the relay looks for operator repairs of parked events.
     #[serde(default = "d_repair_ms", deserialize_with = "lenient")]
     pub repair_interval_ms: u64,
@@ -254,6 +257,7 @@ impl Default for RelayConfig {
             shutdown_timeout_ms: d_shutdown_ms(),
             max_backoff_ms: d_backoff_ms(),
             repair_interval_ms: d_repair_ms(),
+            standby_poll_ms: d_standby_ms(),
         }
     }
 }
@@ -302,6 +306,9 @@ fn d_shutdown_ms() -> u64 {
 }
 fn d_backoff_ms() -> u64 {
     5_000
+}
+fn d_standby_ms() -> u64 {
+    1_000
 }
 fn d_repair_ms() -> u64 {
     1_000

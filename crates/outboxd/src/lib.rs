@@ -67,7 +67,7 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
         }
         let wait = match &err {
             // A standby polls at a steady pace so it can take over quickly.
-            RelayError::SlotBusy { .. } => Duration::from_millis(1000).min(max),
+            RelayError::SlotBusy { .. } => Duration::from_millis(cfg.relay.standby_poll_ms),
             RelayError::Halted { .. } => max,
             _ => jitter(backoff),
         };

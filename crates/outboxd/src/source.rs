@@ -250,7 +250,16 @@ pub async fn start_stream(
     .with_buffer_size(1024)
     // Pin how the walsender renders values: created_at is parsed from this text.
     .with_options("-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3")
-    .with_application_name(format!("outboxd:{}", cfg.source.slot));
+    // The PID lets operators (and the HA tests) tell which instance holds the slot.
+    .with_application_name(format!(
+        "outboxd:{}:{}",
+        cfg.source.slot,
+        std::process::id()
+    ))
+    // Called after a status update that advanced the confirmed position was written.
+    .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {
+        crate::fail::hit("confirmed")
+    }));
     let mut client = ReplicationClient::connect(rc).await?;
     client.wait_started().await?;
     Ok(client)
