@@ -27,6 +27,9 @@ struct Txn {
     pending: u64,
     /// Commit end-LSN once the Commit message was seen.
     commit_lsn: Option<u64>,
+    /// Commit time (unix µs) from the Begin message, for the commit→ack latency.
+    commit_us: i64,
+    events: u64,
 }
 
 /// See the module docs. Single-threaded; the pipeline owns it.
@@ -39,6 +42,8 @@ pub struct AckTracker {
     txns: VecDeque<Txn>,
     confirmed: u64,
     failed: Option<Seq>,
+    /// Commit times of transactions with events that became fully acknowledged.
+    completed: Vec<i64>,
 }
 
 impl AckTracker {
@@ -52,11 +57,18 @@ impl AckTracker {
 
     /// A Begin message: a new transaction opens. Transactions arrive strictly one after another.
     pub fn begin(&mut self) {
+        self.begin_at(0);
+    }
+
+    /// [`begin`](Self::begin) with the transaction's commit time (unix µs).
+    pub fn begin_at(&mut self, commit_us: i64) {
         debug_assert!(self.txns.back().is_none_or(|t| t.commit_lsn.is_some()));
         self.txns.push_back(Txn {
             first_seq: self.next_seq,
             pending: 0,
             commit_lsn: None,
+            commit_us,
+            events: 0,
         });
     }
 
@@ -68,6 +80,7 @@ impl AckTracker {
             .filter(|t| t.commit_lsn.is_none())
             .expect("event outside a transaction");
         txn.pending += 1;
+        txn.events += 1;
         let seq = self.next_seq;
         self.next_seq += 1;
         self.window.push_back(State::Pending);
@@ -118,6 +131,9 @@ impl AckTracker {
             match front.commit_lsn {
                 Some(lsn) if front.pending == 0 => {
                     self.confirmed = self.confirmed.max(lsn);
+                    if front.events > 0 {
+                        self.completed.push(front.commit_us);
+                    }
                     self.txns.pop_front();
                 }
                 _ => break,
@@ -146,6 +162,26 @@ impl AckTracker {
     /// Events from the oldest unacknowledged one to the newest: what backpressure bounds.
     pub fn in_flight(&self) -> usize {
         self.window.len()
+    }
+
+    /// Hands over the commit times of transactions completed since the last call.
+    pub fn drain_completed(&mut self, mut f: impl FnMut(i64)) {
+        for c in self.completed.drain(..) {
+            f(c);
+        }
+    }
+
+    /// Is this event still waiting for the broker?
+    pub fn is_pending(&self, seq: Seq) -> bool {
+        seq.checked_sub(self.base_seq)
+            .and_then(|i| self.window.get(i as usize))
+            .is_some_and(|s| *s != State::Acked)
+    }
+
+    /// Commit time (unix µs) of the transaction an event belongs to.
+    pub fn commit_us_of(&self, seq: Seq) -> Option<i64> {
+        let t = self.txns.partition_point(|t| t.first_seq <= seq);
+        t.checked_sub(1).map(|t| self.txns[t].commit_us)
     }
 
     /// Sequence number of the oldest event not yet acknowledged (the next one when none is).

@@ -63,7 +63,7 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
         done.push(format!("publication {} present", cfg.source.publication));
     }
     crate::parking::ensure_tables(&sql).await?;
-    done.push("tables outbox_parked and outbox_parked_audit present".into());
+    done.push("tables outbox_parked, outbox_parked_audit and outboxd_status present".into());
     let (slot, _) = source::preflight(cfg, &sql, true).await?;
     done.push(format!(
         "slot {} present (confirmed_flush_lsn {})",

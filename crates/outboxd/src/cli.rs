@@ -26,6 +26,15 @@ pub enum Cmd {
     Init(ConfigArg),
     /// Validate config, connectivity, wal_level, publication, slot, privileges and the broker.
     Check(ConfigArg),
+    /// Slot, active relay, lag, oldest pending age, errors, heartbeat age, parked events.
+    Status {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print Prometheus alerting rules generated from the [alerts] section.
+    Alerts(ConfigArg),
     /// Inspect and repair parked (poison) events.
     Parked {
         #[command(flatten)]
@@ -73,7 +82,8 @@ pub fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let path = match &cli.cmd {
-        Cmd::Run(a) | Cmd::Init(a) | Cmd::Check(a) => a.config.clone(),
+        Cmd::Run(a) | Cmd::Init(a) | Cmd::Check(a) | Cmd::Alerts(a) => a.config.clone(),
+        Cmd::Status { config, .. } => config.config.clone(),
         Cmd::Parked { config, .. } => config.config.clone(),
     };
     let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
@@ -82,11 +92,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Run(_) => {
             if let Some(addr) = &cfg.metrics.listen {
                 let addr: std::net::SocketAddr = addr.parse()?;
-                metrics_exporter_prometheus::PrometheusBuilder::new()
-                    .with_http_listener(addr)
-                    .install()
+                let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+                    .set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(
+                            crate::obs::COMMIT_TO_ACK.into(),
+                        ),
+                        &[
+                            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                            60.0,
+                        ],
+                    )?
+                    .build_recorder();
+                let handle = recorder.handle();
+                metrics::set_global_recorder(recorder).context("install metrics recorder")?;
+                crate::obs::describe();
+                crate::obs::serve(addr, handle)
+                    .await
                     .with_context(|| format!("serve metrics on {addr}"))?;
-                tracing::info!(%addr, "metrics on /metrics");
+                tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
             }
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {
@@ -98,6 +121,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 std::process::exit(130);
             });
             crate::run(cfg, rx).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Status { json, .. } => {
+            let v = crate::status::collect(&cfg).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", crate::status::render(&v));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Alerts(_) => {
+            print!("{}", crate::alerts::rules(&cfg.alerts));
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Parked { cmd, .. } => {

@@ -43,6 +43,31 @@ pub struct Config {
     pub policy: crate::policy::PolicyConfig,
     #[serde(default)]
     pub validation: ValidationConfig,
+    #[serde(default)]
+    pub heartbeat: HeartbeatConfig,
+    #[serde(default)]
+    pub alerts: crate::alerts::AlertsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatConfig {
+    /// Emit `pg_logical_emit_message` on the source this often; 0 disables heartbeats.
+    #[serde(default = "d_hb_ms", deserialize_with = "lenient")]
+    pub interval_ms: u64,
+    /// With heartbeats on: a stream that delivers nothing for this long while the relay is
+    /// reading is treated as dead and the session restarts (a blackholed connection).
+    #[serde(default = "d_stall_ms", deserialize_with = "lenient")]
+    pub stall_timeout_ms: u64,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: d_hb_ms(),
+            stall_timeout_ms: d_stall_ms(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -307,6 +332,12 @@ fn d_shutdown_ms() -> u64 {
 fn d_backoff_ms() -> u64 {
     5_000
 }
+fn d_hb_ms() -> u64 {
+    5_000
+}
+fn d_stall_ms() -> u64 {
+    20_000
+}
 fn d_standby_ms() -> u64 {
     1_000
 }
@@ -398,6 +429,12 @@ impl Config {
                     "sink.kafka.\"{k}\" = \"{v}\" would allow lost or reordered events; outboxd requires enable.idempotence=true and acks=all"
                 )));
             }
+        }
+        let hb = &self.heartbeat;
+        if hb.interval_ms > 0 && hb.stall_timeout_ms < 2 * hb.interval_ms {
+            return Err(invalid(
+                "heartbeat.stall_timeout_ms must be at least twice heartbeat.interval_ms",
+            ));
         }
         if self.relay.repair_interval_ms == 0 {
             return Err(invalid("relay.repair_interval_ms must be positive"));

@@ -15,16 +15,22 @@
 //! - [`stages`]: what each stage does with one replication event; [`pipeline`]: one session.
 //! - [`parked_cmd`]: `outboxd parked list|show|retry|discard`.
 //! - [`fail`]: crash hooks for the crash-window tests (feature `failpoints`).
-//! - [`admin`]: `outboxd init` and `outboxd check`.
+//! - [`admin`]: `outboxd init` and `outboxd check`; [`status`]: `outboxd status`;
+//!   [`alerts`]: `outboxd alerts` (Prometheus rules from per-event-type delay budgets).
+//! - [`obs`], [`session_obs`], [`obs_errors`]: metric names, `/metrics` `/healthz` `/readyz`,
+//!   heartbeats, slot health and the status row.
 //! - [`cli`]: the command line.
 //! - [`run`]: the supervisor: sessions restart after transient errors, stop on definite ones.
 
 pub mod ack;
 pub mod admin;
+pub mod alerts;
 pub mod cli;
 pub mod config;
 pub mod error;
 pub mod fail;
+pub mod obs;
+pub mod obs_errors;
 pub mod parked_cmd;
 pub mod parking;
 pub mod pgoutput;
@@ -32,13 +38,16 @@ pub mod pipeline;
 pub mod policy;
 pub mod producer;
 pub mod router;
+pub mod session_obs;
 pub mod source;
 pub mod stages;
+pub mod status;
 pub mod validate;
 
 pub use config::Config;
 pub use error::RelayError;
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -60,8 +69,13 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
             Err(e) if e.is_transient() => e,
             Err(e) => return Err(e),
         };
-        metrics::counter!("outboxd_session_restarts_total", "class" => err.class()).increment(1);
-        metrics::gauge!("outboxd_role_active").set(0.0);
+        obs_errors::restart(err.class());
+        metrics::gauge!(obs::ROLE_ACTIVE).set(0.0);
+        let health = obs::health();
+        health
+            .active
+            .store(!matches!(err, RelayError::SlotBusy { .. }), Relaxed);
+        health.streaming.store(false, Relaxed);
         if started.elapsed() > Duration::from_secs(30) {
             backoff = Duration::from_millis(100).min(max);
         }
@@ -76,7 +90,8 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
                 tracing::info!(role = "standby", error = %err, retry_in_ms = wait.as_millis() as u64, "slot busy")
             }
             RelayError::Halted { .. } => {
-                metrics::gauge!("outboxd_halted").set(1.0);
+                health.halted.store(true, Relaxed);
+                metrics::gauge!(obs::HALTED).set(1.0);
                 tracing::error!(error = %err, retry_in_ms = wait.as_millis() as u64, "HALTED")
             }
             _ => tracing::warn!(

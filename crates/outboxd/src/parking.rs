@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use tokio_postgres::Client;
 
 pub const PARKED_SQL: &str = include_str!("../../../sql/030_outbox_parked.sql");
+pub const STATUS_SQL: &str = include_str!("../../../sql/040_outboxd_status.sql");
 
 /// Everything needed to publish the event later exactly as it would have been published.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -37,14 +38,27 @@ pub enum ParkState {
     Blocked,
 }
 
-/// Creates the tables when missing (idempotent).
+/// Creates the relay's own tables (parking, audit, status) when missing (idempotent).
 pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
-    sql.batch_execute(PARKED_SQL).await.map_err(|e| {
-        RelayError::Setup(format!(
-            "cannot create outbox_parked ({}): run `outboxd init` as a role that may create tables",
-            RelayError::from(e)
-        ))
-    })
+    let exists: bool = sql
+        .query_one(
+            "SELECT to_regclass('public.outbox_parked') IS NOT NULL \
+                AND to_regclass('public.outboxd_status') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if exists {
+        return Ok(());
+    }
+    sql.batch_execute(&format!("{PARKED_SQL}\n{STATUS_SQL}"))
+        .await
+        .map_err(|e| {
+            RelayError::Setup(format!(
+                "cannot create outbox_parked / outboxd_status ({}): run `outboxd init` as a role that may create tables",
+                RelayError::from(e)
+            ))
+        })
 }
 
 /// Parks one event and commits. Returns the row's state afterwards (a replayed event that an

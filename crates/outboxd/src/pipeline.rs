@@ -12,6 +12,7 @@ use crate::producer::Producer;
 use crate::source::{self, fmt_lsn};
 use crate::stages::Stages;
 use pgwire_replication::Lsn;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -49,15 +50,18 @@ pub async fn run_session(
         role = "active",
         "streaming"
     );
-    metrics::gauge!("outboxd_role_active").set(1.0);
-    let published = metrics::counter!("outboxd_events_published_total");
-    let confirmed_gauge = metrics::gauge!("outboxd_confirmed_lsn");
-    let in_flight_gauge = metrics::gauge!("outboxd_in_flight_events");
+    metrics::gauge!(crate::obs::ROLE_ACTIVE).set(1.0);
+    let health = crate::obs::health();
+    health.active.store(true, Relaxed);
+    health.streaming.store(true, Relaxed);
+    health.broker_ok.store(true, Relaxed);
     let mut reported = slot.confirmed_flush;
     let max_events = cfg.relay.max_in_flight_events;
     let max_bytes = cfg.relay.max_in_flight_bytes;
-    let mut repair = tokio::time::interval(Duration::from_millis(cfg.relay.repair_interval_ms));
-    repair.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let repair_every = Duration::from_millis(cfg.relay.repair_interval_ms);
+    let mut next_repair = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let result: Result<(), RelayError> = async {
         loop {
@@ -65,29 +69,31 @@ pub async fn run_session(
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => return Ok(()),
-                Some(ack) = acks.recv() => {
-                    st.on_ack(ack, &producer).await?;
-                    published.increment(1);
-                }
+                Some(ack) = acks.recv() => st.on_ack(ack, &producer).await?,
                 ev = repl.recv(), if room => match ev? {
                     Some(ev) => st.on_event(ev, &producer).await?,
                     None => return Err(RelayError::Replication("stream ended".into())),
                 },
-                _ = repair.tick() => st.repair_tick(&producer).await?,
+                _ = tick.tick() => {
+                    st.obs_tick(room).await?;
+                    if Instant::now() >= next_repair {
+                        next_repair = Instant::now() + repair_every;
+                        st.repair_tick(&producer).await?;
+                    }
+                }
             }
             // Drain whatever acks are already waiting before the next event.
             while let Ok(ack) = acks.try_recv() {
                 st.on_ack(ack, &producer).await?;
-                published.increment(1);
             }
             let c = st.tracker.confirmed();
             if c > reported {
                 fail::hit("acked");
                 repl.update_applied_lsn(Lsn(c));
                 reported = c;
-                confirmed_gauge.set(c as f64);
-                in_flight_gauge.set(st.tracker.in_flight() as f64);
-                metrics::gauge!("outboxd_halted").set(0.0);
+                if health.halted.swap(false, Relaxed) {
+                    metrics::gauge!(crate::obs::HALTED).set(0.0);
+                }
             }
         }
     }
@@ -123,6 +129,7 @@ pub async fn run_session(
     }
     repl.stop();
     drop(repl);
+    health.streaming.store(false, Relaxed);
     tracing::info!(
         confirmed_lsn = %fmt_lsn(c),
         in_flight = st.tracker.in_flight(),

@@ -116,6 +116,16 @@ impl ClientContext for Ctx {
 
     fn error(&self, error: KafkaError, reason: &str) {
         tracing::warn!(target: "librdkafka", error = %error, "{reason}");
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            crate::obs::health()
+                .broker_ok
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn stats(&self, s: rdkafka::Statistics) {
+        let retries: u64 = s.brokers.values().map(|b| b.txretries).sum();
+        metrics::counter!(crate::obs::PRODUCE_RETRIES).absolute(retries);
     }
 }
 
@@ -187,6 +197,7 @@ pub fn client_config(cfg: &Config) -> ClientConfig {
         .set("retry.backoff.max.ms", "2000")
         .set("queue.buffering.max.messages", "1000000")
         .set("queue.buffering.max.kbytes", "1048576")
+        .set("statistics.interval.ms", "5000")
         .set("client.id", "outboxd");
     for (k, v) in &cfg.sink.kafka {
         cc.set(k, v);

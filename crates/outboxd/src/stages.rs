@@ -48,6 +48,12 @@ pub struct Stages {
     validator: Option<Validator>,
     blocked: Blocked,
     releasing: Option<Releasing>,
+    /// Label index (into `labels`) of each event from the oldest unacknowledged one on.
+    pub(crate) meta: VecDeque<u32>,
+    pub(crate) meta_base: u64,
+    pub(crate) labels: Vec<crate::session_obs::Label>,
+    label_idx: std::collections::HashMap<String, std::collections::HashMap<String, u32>>,
+    pub(crate) watch: crate::session_obs::Watch,
 }
 
 impl Stages {
@@ -72,6 +78,11 @@ impl Stages {
             validator: cfg.validation.schema_dir.as_ref().map(Validator::new),
             blocked,
             releasing: None,
+            meta: VecDeque::new(),
+            meta_base: 0,
+            labels: Vec::new(),
+            label_idx: Default::default(),
+            watch: crate::session_obs::Watch::new(cfg),
         })
     }
 
@@ -79,8 +90,19 @@ impl Stages {
         if ack.seq & RELEASE_BIT != 0 {
             return self.on_release_ack(ack, producer).await;
         }
+        let label = ack
+            .seq
+            .checked_sub(self.meta_base)
+            .and_then(|i| self.meta.get(i as usize))
+            .map(|&l| l as usize);
         match ack.result {
-            Ok(()) => self.tracker.ack(ack.seq, true),
+            Ok(()) => {
+                self.tracker.ack(ack.seq, true);
+                self.watch.last_ack_at = std::time::Instant::now();
+                if let Some(l) = label.and_then(|l| self.labels.get(l)) {
+                    l.published.increment(1);
+                }
+            }
             Err(f) if f.is_deterministic() => {
                 let rec = f.record.clone().unwrap_or_else(|| ParkedRecord {
                     event_id: f.event_id.clone(),
@@ -92,6 +114,13 @@ impl Stages {
             }
             Err(f) => {
                 self.tracker.ack(ack.seq, false);
+                let event_type = label
+                    .and_then(|l| self.labels.get(l))
+                    .map(|l| l.event_type.as_str());
+                crate::obs_errors::record(
+                    f.code.map(policy::class_of).unwrap_or("delivery"),
+                    event_type.unwrap_or(""),
+                );
                 return Err(RelayError::Delivery {
                     code: f.code_name(),
                     event_id: f.event_id,
@@ -103,9 +132,17 @@ impl Stages {
         Ok(())
     }
 
-    /// Bytes are released in sequence order as the acknowledged prefix grows.
+    /// Bytes (and per-event labels) are released in sequence order as the acknowledged prefix
+    /// grows; completed transactions feed the commit→ack histogram.
     fn release_bytes(&mut self) {
         let oldest_unacked = self.tracker.oldest_unacked();
+        while self.meta_base < oldest_unacked && self.meta.pop_front().is_some() {
+            self.meta_base += 1;
+        }
+        let hist = &self.watch.commit_to_ack;
+        let now_us = crate::session_obs::now_us();
+        self.tracker
+            .drain_completed(|c| hist.record((now_us - c).max(0) as f64 / 1e6));
         while let Some(&(seq, n)) = self.sizes.front() {
             if seq >= oldest_unacked {
                 break;
@@ -128,6 +165,16 @@ impl Stages {
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => self.tracker.keepalive(wal_end.0),
             ReplicationEvent::XLogData { data, .. } => self.on_data(&data, producer).await?,
+            ReplicationEvent::Message {
+                transactional: false,
+                lsn,
+                prefix,
+                content,
+            } if prefix == self.watch.hb_prefix => {
+                self.watch.on_heartbeat(&content);
+                // Like a keepalive: with nothing in flight its position is safe to confirm.
+                self.tracker.keepalive(lsn.0);
+            }
             ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())
@@ -155,7 +202,7 @@ impl Stages {
             }
             Message::Insert { rel, tuple } => match &self.outbox {
                 Some((id, _)) if *id == rel => self.on_outbox_row(tuple, producer).await?,
-                _ if self.others.contains(&rel) => self.ignored += 1,
+                _ if self.others.contains(&rel) => self.ignore(),
                 // pgoutput sends a Relation before a table's first change; an Insert for an
                 // unknown relation could be an outbox row we cannot read: restart the session.
                 _ => {
@@ -164,7 +211,7 @@ impl Stages {
                     )))
                 }
             },
-            Message::Update | Message::Delete | Message::Truncate => self.ignored += 1,
+            Message::Update | Message::Delete | Message::Truncate => self.ignore(),
             Message::Other(_) => {}
         }
         Ok(())
@@ -229,7 +276,9 @@ impl Stages {
             }
         }
         self.topic.render(&event, &mut self.topic_buf);
+        let label = self.label(event.event_type);
         let seq = self.tracker.add_event();
+        self.meta.push_back(label);
         let size = event.size();
         self.in_flight_bytes += size;
         self.sizes.push_back((seq, size));
@@ -252,6 +301,30 @@ impl Stages {
                 message: e.message,
             }),
         }
+    }
+
+    fn ignore(&mut self) {
+        self.ignored += 1;
+        self.watch.ignored.increment(1);
+    }
+
+    /// Interned (event_type, topic) label of the published-events counter.
+    fn label(&mut self, event_type: &str) -> u32 {
+        if let Some(&i) = self
+            .label_idx
+            .get(event_type)
+            .and_then(|m| m.get(self.topic_buf.as_str()))
+        {
+            return i;
+        }
+        let i = self.labels.len() as u32;
+        self.labels
+            .push(crate::session_obs::Label::new(event_type, &self.topic_buf));
+        self.label_idx
+            .entry(event_type.to_string())
+            .or_default()
+            .insert(self.topic_buf.clone(), i);
+        i
     }
 
     /// The record exactly as it would have been produced.
@@ -284,8 +357,9 @@ impl Stages {
     ) -> Result<(), RelayError> {
         let event_type = rec.event_type.clone().unwrap_or_default();
         let pol = self.policy.for_type(&event_type);
-        metrics::counter!("outboxd_poison_events_total", "event_type" => event_type.clone(), "class" => class.to_string())
+        metrics::counter!(crate::obs::POISON, "event_type" => event_type.clone(), "class" => class.to_string())
             .increment(1);
+        crate::obs_errors::record(class, &event_type);
         if pol.on_poison == OnPoison::Halt {
             return Err(RelayError::Halted {
                 event_id: rec.event_id,
@@ -342,7 +416,7 @@ impl Stages {
             ),
         )
         .await?;
-        metrics::counter!("outboxd_blocked_events_total", "event_type" => e.event_type.to_string())
+        metrics::counter!(crate::obs::BLOCKED, "event_type" => e.event_type.to_string())
             .increment(1);
         tracing::warn!(
             event_id = e.event_id,

@@ -1,0 +1,150 @@
+//! `outboxd status`: the slot as Postgres sees it, the active relay, what it last reported, and
+//! the parked events — a human table by default, `--json` for scripts.
+
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::source;
+use serde_json::{json, Value};
+
+/// Collects the status document.
+pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
+    let sql = source::sql_connect(cfg).await?;
+    let slot = &cfg.source.slot;
+    let s = sql
+        .query_opt(
+            "SELECT active_pid, confirmed_flush_lsn::text, \
+                    (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, \
+                    (pg_current_wal_lsn() - restart_lsn)::bigint, wal_status, safe_wal_size \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[slot],
+        )
+        .await?;
+    let slot_doc = match &s {
+        None => json!({"name": slot, "exists": false}),
+        Some(r) => json!({
+            "name": slot,
+            "exists": true,
+            "active_pid": r.get::<_, Option<i32>>(0),
+            "confirmed_flush_lsn": r.get::<_, Option<String>>(1),
+            "lag_bytes": r.get::<_, Option<i64>>(2),
+            "retained_wal_bytes": r.get::<_, Option<i64>>(3),
+            "wal_status": r.get::<_, Option<String>>(4),
+            "safe_wal_size": r.get::<_, Option<i64>>(5),
+        }),
+    };
+    let relay = sql
+        .query_opt(
+            "SELECT application_name, client_addr::text, state FROM pg_stat_replication \
+             WHERE application_name LIKE $1 LIMIT 1",
+            &[&format!("outboxd:{slot}:%")],
+        )
+        .await?
+        .map(|r| {
+            let app: String = r.get(0);
+            json!({
+                "relay_pid": app.rsplit(':').next().and_then(|p| p.parse::<i64>().ok()),
+                "client_addr": r.get::<_, Option<String>>(1),
+                "state": r.get::<_, Option<String>>(2),
+            })
+        });
+    let has_tables: bool = sql
+        .query_one(
+            "SELECT to_regclass('public.outboxd_status') IS NOT NULL AND to_regclass('public.outbox_parked') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    let (reported, parked) = if has_tables {
+        let rep = sql
+            .query_opt(
+                "SELECT instance, extract(epoch FROM now() - updated_at)::float8, confirmed_lsn, \
+                        pending_events, oldest_pending_age_s, heartbeat_delay_s, \
+                        extract(epoch FROM now() - last_heartbeat_at)::float8, errors, halted \
+                 FROM outboxd_status WHERE slot = $1",
+                &[slot],
+            )
+            .await?
+            .map(|r| {
+                json!({
+                    "instance": r.get::<_, String>(0),
+                    "reported_seconds_ago": r.get::<_, Option<f64>>(1),
+                    "confirmed_lsn": r.get::<_, Option<String>>(2),
+                    "pending_events": r.get::<_, Option<i64>>(3),
+                    "oldest_pending_age_seconds": r.get::<_, Option<f64>>(4),
+                    "heartbeat_delay_seconds": r.get::<_, Option<f64>>(5),
+                    "heartbeat_age_seconds": r.get::<_, Option<f64>>(6),
+                    "errors": r.get::<_, Option<Value>>(7),
+                    "halted": r.get::<_, bool>(8),
+                })
+            });
+        let parked: Vec<Value> = crate::parking::open_stats(&sql, slot)
+            .await?
+            .into_iter()
+            .map(|(t, st, n, age)| json!({"event_type": t, "state": st, "count": n, "oldest_age_seconds": age}))
+            .collect();
+        (rep, parked)
+    } else {
+        (None, vec![])
+    };
+    Ok(json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked}))
+}
+
+/// The human-readable form.
+pub fn render(v: &Value) -> String {
+    let g = |p: &str| -> String {
+        match v.pointer(p) {
+            None | Some(Value::Null) => "-".into(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(f) if n.is_f64() => format!("{f:.1}"),
+                _ => n.to_string(),
+            },
+            Some(other) => other.to_string(),
+        }
+    };
+    let mut out = String::new();
+    let mut row = |k: &str, val: String| out.push_str(&format!("{k:<28} {val}\n"));
+    row("slot", g("/slot/name"));
+    row("  active walsender pid", g("/slot/active_pid"));
+    row("  active relay pid", g("/active_relay/relay_pid"));
+    row("  confirmed_flush_lsn", g("/slot/confirmed_flush_lsn"));
+    row("  lag bytes", g("/slot/lag_bytes"));
+    row("  retained WAL bytes", g("/slot/retained_wal_bytes"));
+    row("  wal_status", g("/slot/wal_status"));
+    row("  safe_wal_size", g("/slot/safe_wal_size"));
+    row("relay (last report)", g("/reported/instance"));
+    row(
+        "  reported seconds ago",
+        g("/reported/reported_seconds_ago"),
+    );
+    row("  pending events", g("/reported/pending_events"));
+    row(
+        "  oldest pending age s",
+        g("/reported/oldest_pending_age_seconds"),
+    );
+    row("  heartbeat age s", g("/reported/heartbeat_age_seconds"));
+    row(
+        "  heartbeat delay s",
+        g("/reported/heartbeat_delay_seconds"),
+    );
+    row("  halted", g("/reported/halted"));
+    row("  errors", g("/reported/errors"));
+    match v.get("parked").and_then(Value::as_array) {
+        Some(p) if !p.is_empty() => {
+            for e in p {
+                row(
+                    "parked",
+                    format!(
+                        "{} {} x{} (oldest {:.0}s)",
+                        e["event_type"].as_str().unwrap_or("?"),
+                        e["state"].as_str().unwrap_or("?"),
+                        e["count"],
+                        e["oldest_age_seconds"].as_f64().unwrap_or(0.0)
+                    ),
+                );
+            }
+        }
+        _ => row("parked", "none".into()),
+    }
+    out
+}
