@@ -73,8 +73,8 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
         metrics::gauge!(obs::ROLE_ACTIVE).set(0.0);
         let health = obs::health();
         health
-            .active
-            .store(!matches!(err, RelayError::SlotBusy { .. }), Relaxed);
+            .standby
+            .store(matches!(err, RelayError::SlotBusy { .. }), Relaxed);
         health.streaming.store(false, Relaxed);
         if started.elapsed() > Duration::from_secs(30) {
             backoff = Duration::from_millis(100).min(max);

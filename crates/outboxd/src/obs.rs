@@ -140,7 +140,8 @@ pub fn describe() {
 /// What `/readyz` reports. Process-wide: one relay per process.
 #[derive(Debug, Default)]
 pub struct Health {
-    pub active: AtomicBool,
+    /// Another instance holds the slot (set when the slot was found busy).
+    pub standby: AtomicBool,
     pub streaming: AtomicBool,
     pub broker_ok: AtomicBool,
     pub halted: AtomicBool,
@@ -156,10 +157,10 @@ impl Health {
     pub fn not_ready(&self) -> Option<&'static str> {
         if self.halted.load(Ordering::Relaxed) {
             Some("halted at a poison event")
-        } else if !self.active.load(Ordering::Relaxed) {
+        } else if self.standby.load(Ordering::Relaxed) {
             Some("standby: another instance holds the slot")
         } else if !self.streaming.load(Ordering::Relaxed) {
-            Some("replication not streaming")
+            Some("replication not streaming (starting or reconnecting)")
         } else if !self.broker_ok.load(Ordering::Relaxed) {
             Some("broker unreachable")
         } else {

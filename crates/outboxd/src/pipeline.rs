@@ -52,7 +52,7 @@ pub async fn run_session(
     );
     metrics::gauge!(crate::obs::ROLE_ACTIVE).set(1.0);
     let health = crate::obs::health();
-    health.active.store(true, Relaxed);
+    health.standby.store(false, Relaxed);
     health.streaming.store(true, Relaxed);
     health.broker_ok.store(true, Relaxed);
     let mut reported = slot.confirmed_flush;

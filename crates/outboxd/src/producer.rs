@@ -100,6 +100,9 @@ fn capture(m: &rdkafka::message::BorrowedMessage<'_>) -> ParkedRecord {
 /// Routes librdkafka's callbacks: delivery reports to the ack channel, logs to `tracing`.
 pub struct Ctx {
     acks: mpsc::UnboundedSender<Ack>,
+    /// Which session of this process produced the record: a delivery after a restart is a
+    /// later attempt at the same event (R25).
+    attempt: u64,
 }
 
 impl ClientContext for Ctx {
@@ -149,6 +152,7 @@ impl ProducerContext for Ctx {
                         aggregate_id = header_str(m, "aggregate_id"),
                         aggregate_version = header_str(m, "aggregate_version"),
                         event_type = header_str(m, "event_type"),
+                        attempt = self.attempt,
                         topic = m.topic(),
                         partition = m.partition(),
                         offset = m.offset(),
@@ -172,6 +176,7 @@ impl ProducerContext for Ctx {
                     aggregate_id = header_str(m, "aggregate_id"),
                     aggregate_version = header_str(m, "aggregate_version"),
                     event_type = header_str(m, "event_type"),
+                    attempt = self.attempt,
                     topic = m.topic(),
                     code = %f.code_name(),
                     deterministic = f.is_deterministic(),
@@ -208,6 +213,9 @@ pub fn client_config(cfg: &Config) -> ClientConfig {
     cc
 }
 
+/// Sessions (producers) created by this process.
+static SESSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 pub struct Producer {
     inner: ThreadedProducer<Ctx>,
     headers_cap: usize,
@@ -217,7 +225,10 @@ impl Producer {
     pub fn new(cfg: &Config) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let inner: ThreadedProducer<Ctx> = client_config(cfg)
-            .create_with_context(Ctx { acks: tx })
+            .create_with_context(Ctx {
+                acks: tx,
+                attempt: SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+            })
             .map_err(|e| RelayError::Kafka(format!("cannot create producer: {e}")))?;
         Ok((
             Self {

@@ -157,8 +157,13 @@ impl Stages {
         ev: ReplicationEvent,
         producer: &Producer,
     ) -> Result<(), RelayError> {
+        self.watch.last_event_at = std::time::Instant::now();
         match ev {
-            ReplicationEvent::Begin { .. } => self.tracker.begin(),
+            ReplicationEvent::Begin {
+                commit_time_micros, ..
+            } => self
+                .tracker
+                .begin_at(commit_time_micros + crate::session_obs::PG_EPOCH_US),
             ReplicationEvent::Commit { end_lsn, .. } => {
                 self.tracker.commit(end_lsn.0);
                 self.release_bytes();
