@@ -611,3 +611,13 @@ dsn = "postgres://u@127.0.0.1:5432/app"
         assert!(e(no_broker, &[]).contains("bootstrap.servers"));
     }
 }
+
+#[cfg(test)]
+mod example_tests {
+    /// The annotated example in docs/ must stay a valid config.
+    #[test]
+    fn documented_example_parses() {
+        let text = include_str!("../../../docs/examples/outboxd.toml");
+        super::Config::from_toml_and_env(text, Vec::<(String, String)>::new()).unwrap();
+    }
+}
