@@ -63,7 +63,7 @@ pub enum OutboxError {
     Invalid { what: &'static str, reason: String },
 
     /// Any other database error (connection loss, permissions, ...).
-    #[error("database error")]
+    #[error("database error: {}", .0.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| .0.to_string()))]
     Db(#[from] tokio_postgres::Error),
 }
 
