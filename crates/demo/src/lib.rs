@@ -49,14 +49,14 @@ pub async fn run(outboxd_bin: &std::path::Path) -> Result<()> {
         ),
     )?;
     println!("config: {}", config.display());
-    let status = Command::new(&outboxd_bin)
+    let status = Command::new(outboxd_bin)
         .args(["init", "--config"])
         .arg(&config)
         .status()?;
     if !status.success() {
         bail!("outboxd init failed");
     }
-    let mut relay = Command::new(&outboxd_bin)
+    let mut relay = Command::new(outboxd_bin)
         .args(["run", "--config"])
         .arg(&config)
         .stdin(Stdio::null())
