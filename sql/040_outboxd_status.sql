@@ -11,5 +11,9 @@ CREATE TABLE IF NOT EXISTS public.outboxd_status (
     heartbeat_delay_s    float8,                  -- source → relay delay of the last heartbeat
     last_heartbeat_at    timestamptz,
     errors               jsonb,                   -- error counts per class since the relay started
-    halted               boolean     NOT NULL DEFAULT false
+    halted               boolean     NOT NULL DEFAULT false,
+    attempt              bigint,                  -- consecutive failed sessions (0 while healthy)
+    last_error_class     text,                    -- class of the last transient failure
+    last_error           text,
+    next_attempt_at      timestamptz              -- when the failing relay tries again
 );

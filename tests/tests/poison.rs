@@ -295,6 +295,17 @@ async fn halt_mode_stops_and_holds_the_slot() -> anyhow::Result<()> {
         "nothing after the halting event is published"
     );
     assert!(parked_rows(&env).await?.is_empty(), "halt does not park");
+    // `outboxd status` shows the halt, the failure class and when the next attempt comes.
+    let (code, out) = outboxd_cli(&["status", "--json"], &env.config_file()?);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(v["reported"]["halted"], true, "{v}");
+    assert_eq!(v["reported"]["last_error_class"], "halted", "{v}");
+    assert!(v["reported"]["attempt"].as_i64() >= Some(1), "{v}");
+    assert!(
+        v["reported"]["next_attempt_in_seconds"].as_f64().is_some(),
+        "{v}"
+    );
     relay.shutdown().await?;
     Ok(())
 }

@@ -59,6 +59,7 @@ use tokio::sync::watch;
 pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
     let max = Duration::from_millis(cfg.relay.max_backoff_ms);
     let mut backoff = Duration::from_millis(100).min(max);
+    let mut attempt: u64 = 0;
     loop {
         if *shutdown.borrow() {
             return Ok(());
@@ -78,7 +79,9 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
         health.streaming.store(false, Relaxed);
         if started.elapsed() > Duration::from_secs(30) {
             backoff = Duration::from_millis(100).min(max);
+            attempt = 0;
         }
+        attempt += 1;
         let wait = match &err {
             // A standby polls at a steady pace so it can take over quickly.
             RelayError::SlotBusy { .. } => Duration::from_millis(cfg.relay.standby_poll_ms),
@@ -97,9 +100,14 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
             _ => tracing::warn!(
                 error = %err,
                 class = err.class(),
+                attempt,
                 retry_in_ms = wait.as_millis() as u64,
                 "session failed; restarting from the slot's confirmed LSN"
             ),
+        }
+        metrics::gauge!(obs::RETRY_BACKOFF).set(wait.as_secs_f64());
+        if !matches!(err, RelayError::SlotBusy { .. }) {
+            status::record_failure(&cfg, &err, attempt, wait).await;
         }
         backoff = (backoff * 2).min(max);
         tokio::select! {

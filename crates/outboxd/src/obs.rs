@@ -31,6 +31,7 @@ pub const COMMIT_TO_ACK: &str = "outboxd_commit_to_ack_seconds";
 pub const HEARTBEAT_AGE: &str = "outboxd_heartbeat_age_seconds";
 pub const HEARTBEAT_DELAY: &str = "outboxd_heartbeat_delay_seconds";
 pub const IGNORED_CHANGES: &str = "outboxd_ignored_changes_total";
+pub const RETRY_BACKOFF: &str = "outboxd_retry_backoff_seconds";
 pub const PARKED: &str = "outboxd_parked_events";
 pub const PARKED_OLDEST_AGE: &str = "outboxd_parked_oldest_age_seconds";
 pub const POISON: &str = "outboxd_poison_events_total";
@@ -85,6 +86,10 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         SESSION_RESTARTS,
         "replication sessions restarted after a transient error, per class",
+    ),
+    (
+        RETRY_BACKOFF,
+        "seconds until the next session attempt after the last failure (0 while streaming)",
     ),
     (
         COMMIT_TO_ACK,

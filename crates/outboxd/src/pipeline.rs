@@ -51,6 +51,7 @@ pub async fn run_session(
         "streaming"
     );
     metrics::gauge!(crate::obs::ROLE_ACTIVE).set(1.0);
+    metrics::gauge!(crate::obs::RETRY_BACKOFF).set(0.0);
     let health = crate::obs::health();
     health.standby.store(false, Relaxed);
     health.streaming.store(true, Relaxed);

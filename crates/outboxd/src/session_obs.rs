@@ -283,7 +283,8 @@ impl Stages {
                    confirmed_lsn = EXCLUDED.confirmed_lsn, pending_events = EXCLUDED.pending_events, \
                    pending_bytes = EXCLUDED.pending_bytes, oldest_pending_age_s = EXCLUDED.oldest_pending_age_s, \
                    heartbeat_delay_s = EXCLUDED.heartbeat_delay_s, last_heartbeat_at = EXCLUDED.last_heartbeat_at, \
-                   errors = EXCLUDED.errors, halted = EXCLUDED.halted",
+                   errors = EXCLUDED.errors, halted = EXCLUDED.halted, attempt = 0, \
+                   next_attempt_at = NULL",
                 &[
                     &self.slot,
                     &instance,

@@ -6,6 +6,41 @@ use crate::error::RelayError;
 use crate::source;
 use serde_json::{json, Value};
 
+/// Best effort, from the supervisor: records a failed session — its class, message, attempt
+/// number and the time of the next attempt — so `outboxd status` shows a relay that is retrying.
+/// Silently does nothing when the source itself is unreachable.
+pub async fn record_failure(
+    cfg: &Config,
+    err: &RelayError,
+    attempt: u64,
+    wait: std::time::Duration,
+) {
+    let work = async {
+        let sql = source::sql_connect(cfg).await?;
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+        sql.execute(
+            "INSERT INTO outboxd_status (slot, instance, attempt, last_error_class, last_error, next_attempt_at) \
+             VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6)) \
+             ON CONFLICT (slot) DO UPDATE SET attempt = EXCLUDED.attempt, \
+               last_error_class = EXCLUDED.last_error_class, last_error = EXCLUDED.last_error, \
+               next_attempt_at = EXCLUDED.next_attempt_at, \
+               halted = outboxd_status.halted OR $7",
+            &[
+                &cfg.source.slot,
+                &format!("{host}:{}", std::process::id()),
+                &(attempt as i64),
+                &err.class(),
+                &err.to_string(),
+                &wait.as_secs_f64(),
+                &matches!(err, RelayError::Halted { .. }),
+            ],
+        )
+        .await?;
+        Ok::<_, RelayError>(())
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(3), work).await;
+}
+
 /// Collects the status document.
 pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     let sql = source::sql_connect(cfg).await?;
@@ -59,7 +94,9 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
             .query_opt(
                 "SELECT instance, extract(epoch FROM now() - updated_at)::float8, confirmed_lsn, \
                         pending_events, oldest_pending_age_s, heartbeat_delay_s, \
-                        extract(epoch FROM now() - last_heartbeat_at)::float8, errors, halted \
+                        extract(epoch FROM now() - last_heartbeat_at)::float8, errors, halted, \
+                        attempt, last_error_class, last_error, \
+                        extract(epoch FROM next_attempt_at - now())::float8 \
                  FROM outboxd_status WHERE slot = $1",
                 &[slot],
             )
@@ -75,6 +112,10 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
                     "heartbeat_age_seconds": r.get::<_, Option<f64>>(6),
                     "errors": r.get::<_, Option<Value>>(7),
                     "halted": r.get::<_, bool>(8),
+                    "attempt": r.get::<_, Option<i64>>(9),
+                    "last_error_class": r.get::<_, Option<String>>(10),
+                    "last_error": r.get::<_, Option<String>>(11),
+                    "next_attempt_in_seconds": r.get::<_, Option<f64>>(12),
                 })
             });
         let parked: Vec<Value> = crate::parking::open_stats(&sql, slot)
@@ -129,6 +170,19 @@ pub fn render(v: &Value) -> String {
     );
     row("  halted", g("/reported/halted"));
     row("  errors", g("/reported/errors"));
+    row("  failed attempts in a row", g("/reported/attempt"));
+    row(
+        "  last error",
+        format!(
+            "[{}] {}",
+            g("/reported/last_error_class"),
+            g("/reported/last_error")
+        ),
+    );
+    row(
+        "  next attempt in s",
+        g("/reported/next_attempt_in_seconds"),
+    );
     match v.get("parked").and_then(Value::as_array) {
         Some(p) if !p.is_empty() => {
             for e in p {
