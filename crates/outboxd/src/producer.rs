@@ -242,14 +242,18 @@ impl Producer {
     /// Enqueues one record. Waits (asynchronously) while librdkafka's local queue is full;
     /// any other immediate refusal is returned (e.g. larger than `message.max.bytes`).
     pub async fn send(&self, topic: &str, e: &Event<'_>, seq: Seq) -> Result<(), SendError> {
-        let mut headers = OwnedHeaders::new_with_capacity(self.headers_cap);
-        // Header JSON was validated by the stage before this call.
+        let mut headers = Some(OwnedHeaders::new_with_capacity(self.headers_cap));
+        // Header JSON was validated by the stage before this call. `Option::take` moves the
+        // list through `insert` without allocating a replacement.
         let _ = e.for_each_header(|k, v| {
-            headers = std::mem::take(&mut headers).insert(Header {
-                key: k,
-                value: Some(v),
+            headers = headers.take().map(|h| {
+                h.insert(Header {
+                    key: k,
+                    value: Some(v),
+                })
             });
         });
+        let headers = headers.unwrap_or_default();
         let record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, seq as usize)
             .key(e.aggregate_id.as_bytes())
             .payload(e.payload)

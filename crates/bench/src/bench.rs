@@ -1,0 +1,512 @@
+//! The benchmark run: throughput per transaction size (ceiling, outboxd, polling), latency at
+//! fixed offered loads, and one very large transaction; then the report.
+
+use crate::contest::{self, Contestant, RunCfg, RunResult};
+use crate::latency::{self, ConfirmPoller, PollingLive};
+use crate::report::{LatencyPoint, Report, Scenario};
+use crate::verify::verify_topic;
+use crate::world::{self, Shape, World, AGG_TYPE};
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Workload knobs and outputs of one benchmark run.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Opts {
+    /// Events per throughput run (loaded before the contestant starts).
+    #[arg(long, default_value_t = 200_000)]
+    pub events: u64,
+    /// Transaction sizes of the throughput phase; the first is also the latency phase's.
+    #[arg(long, value_delimiter = ',', default_value = "10,1")]
+    pub tx_sizes: Vec<usize>,
+    /// Approximate payload (jsonb text) bytes per event.
+    #[arg(long, default_value_t = 100)]
+    pub payload_bytes: usize,
+    /// Distinct aggregate ids (Kafka keys).
+    #[arg(long, default_value_t = 1000)]
+    pub aggregates: usize,
+    /// Timed runs per contestant and transaction size; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Partitions of every topic.
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
+    /// Events per polling run (default: --events).
+    #[arg(long)]
+    pub poll_events: Option<u64>,
+    /// Rows per poll of the polling relay.
+    #[arg(long, default_value_t = 500)]
+    pub poll_batch: i64,
+    /// Offered loads of the latency phase, as fractions of the measured ceiling.
+    #[arg(long, value_delimiter = ',', default_value = "0.05,0.1,0.25,0.5,0.75")]
+    pub sweep: Vec<f64>,
+    /// Offered loads in events/s (open loop), instead of --sweep.
+    #[arg(long, value_delimiter = ',')]
+    pub target_rate: Vec<f64>,
+    /// Adds a point at this many events/s; where the writers cannot keep that schedule they
+    /// commit back to back, i.e. closed loop at the highest rate the machine sustains.
+    #[arg(long)]
+    pub max_rate: Option<f64>,
+    /// Seconds of writing per latency point.
+    #[arg(long, default_value_t = 5.0)]
+    pub latency_secs: f64,
+    /// Writer connections of the latency phase.
+    #[arg(long, default_value_t = 4)]
+    pub writers: usize,
+    /// Rows of the single large transaction (0: skip).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub big_txn_rows: u64,
+    /// outboxd's and the bare reader's `status_interval_ms` (bounds stopwatch overshoot).
+    #[arg(long, default_value_t = 10)]
+    pub status_ms: u64,
+    /// Period of the confirmed-LSN sampler of the latency phase.
+    #[arg(long, default_value_t = 5)]
+    pub confirm_poll_ms: u64,
+    /// Relay binary (default: `outboxd-bench-relay` next to this binary).
+    #[arg(long)]
+    pub relay_bin: Option<PathBuf>,
+    /// Write the latency chart (SVG) here.
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the results as Markdown here (always printed to stdout).
+    #[arg(long)]
+    pub markdown: Option<PathBuf>,
+    /// Small everything: 2,000 events, one run, short latency points (for the test suite).
+    #[arg(long)]
+    pub smoke: bool,
+    #[arg(long)]
+    pub skip_polling: bool,
+    #[arg(long)]
+    pub skip_latency: bool,
+    /// Command prefix for the relay, e.g. "valgrind --tool=callgrind" to profile it.
+    #[arg(long)]
+    pub relay_wrapper: Option<String>,
+    /// Extra environment of the relay process, KEY=VALUE (repeatable), e.g.
+    /// OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS=20000.
+    #[arg(long)]
+    pub relay_env: Vec<String>,
+    /// Adds the contestant "outboxd (variant)": the relay with this extra environment
+    /// (repeatable), run in the same interleaved order as outboxd.
+    #[arg(long)]
+    pub variant_env: Vec<String>,
+}
+
+impl Opts {
+    fn apply_smoke(&mut self) {
+        if self.smoke {
+            self.events = self.events.min(2_000);
+            self.tx_sizes.truncate(1);
+            self.runs = 1;
+            self.poll_events = Some(self.events);
+            // A fixed, modest rate: the smoke run checks the machinery, not the machine.
+            self.target_rate = vec![2_000.0];
+            self.max_rate = None;
+            self.latency_secs = self.latency_secs.min(1.0);
+            self.big_txn_rows = self.big_txn_rows.min(5_000);
+        }
+    }
+
+    fn shape(&self, tx_size: usize) -> Shape {
+        Shape {
+            tx_size,
+            payload_bytes: self.payload_bytes,
+            aggregates: self.aggregates,
+        }
+    }
+}
+
+fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let p = exe.parent().context("exe dir")?.join(name);
+    if !p.exists() {
+        bail!(
+            "{} not found: build with `cargo build --release -p outboxd-bench`",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+fn env_pairs(kvs: &[String]) -> Vec<(String, String)> {
+    kvs.iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!(
+        "[bench {}] {}",
+        chrono::Local::now().format("%H:%M:%S"),
+        msg.as_ref()
+    );
+}
+
+/// Runs the whole benchmark and returns the report.
+pub async fn run(mut o: Opts, command: String) -> Result<Report> {
+    o.apply_smoke();
+    if o.tx_sizes.is_empty() || o.runs == 0 || o.events == 0 {
+        bail!("--tx-sizes, --runs and --events must be non-empty/positive");
+    }
+    let cfg = RunCfg {
+        relay_bin: match &o.relay_bin {
+            Some(p) => p.clone(),
+            None => sibling("outboxd-bench-relay")?,
+        },
+        bench_bin: std::env::current_exe()?,
+        status_ms: o.status_ms,
+        poll_batch: o.poll_batch,
+        linger_ms: "5".into(),
+        relay_wrapper: o
+            .relay_wrapper
+            .as_deref()
+            .map(|w| w.split_whitespace().map(String::from).collect())
+            .unwrap_or_default(),
+        relay_env: env_pairs(&o.relay_env),
+        variant_env: env_pairs(&o.variant_env),
+    };
+    let machine = crate::procstat::machine();
+    let started = chrono::Local::now();
+    log("starting postgres and broker");
+    let mut w = World::start().await?;
+    let mut report = Report {
+        command,
+        started_at: started.to_rfc3339(),
+        machine,
+        postgres: w.server_version().await?,
+        pg_settings: world::PG_SETTINGS
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .chain(["fsync=off", "full_page_writes=off", "wal_level=logical"].map(String::from))
+            .collect(),
+        payload_bytes: o.payload_bytes,
+        aggregates: o.aggregates,
+        partitions: o.partitions,
+        status_ms: o.status_ms,
+        scenarios: vec![],
+        latency_tx_size: o.tx_sizes[0],
+        latency_ceiling: 0.0,
+        latency: vec![],
+        big_txn: vec![],
+        finished_in_s: 0.0,
+    };
+    let t_all = Instant::now();
+    for &tx in &o.tx_sizes.clone() {
+        let s = throughput(&mut w, &o, &cfg, tx).await?;
+        report.scenarios.push(s);
+    }
+    let ceiling = report.scenarios[0].ceiling_rate();
+    report.latency_ceiling = ceiling;
+    let mut rates: Vec<(f64, Option<f64>)> = if o.target_rate.is_empty() {
+        o.sweep.iter().map(|f| (f * ceiling, Some(*f))).collect()
+    } else {
+        o.target_rate.iter().map(|r| (*r, None)).collect()
+    };
+    if let Some(m) = o.max_rate {
+        rates.push((m, None));
+    }
+    if !o.skip_latency {
+        report.latency = latency_phase(&mut w, &o, &cfg, &rates).await?;
+    }
+    if o.big_txn_rows > 0 {
+        report.big_txn = big_txn(&mut w, &o, &cfg).await?;
+    }
+    report.finished_in_s = t_all.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+async fn throughput(w: &mut World, o: &Opts, cfg: &RunCfg, tx: usize) -> Result<Scenario> {
+    let mut kinds = vec![
+        Contestant::CeilingRecvlogical,
+        Contestant::CeilingBare,
+        Contestant::Outboxd,
+    ];
+    if !o.variant_env.is_empty() {
+        kinds.push(Contestant::OutboxdVariant);
+    }
+    let slot = |k: Contestant, r: usize| format!("{}_tx{tx}_r{r}", k.tag());
+    let topic = |k: Contestant, r: usize| format!("{}.tx{tx}.r{r}.{AGG_TYPE}", k.tag());
+    let mut topics = vec![];
+    for r in 1..=o.runs {
+        for &k in &kinds {
+            w.create_slot(&slot(k, r)).await?;
+        }
+        topics.push(topic(Contestant::Outboxd, r));
+        topics.push(topic(Contestant::OutboxdVariant, r));
+        topics.push(topic(Contestant::Polling, r));
+    }
+    w.create_topics(&topics, o.partitions).await?;
+    // Warm-up rows first: every reader streams them, then pauses until the timed rows exist.
+    let (warm_first, warm_lsn) = w.load("outbox", WARM_ROWS, o.shape(tx)).await?;
+    let mut paused = std::collections::VecDeque::new();
+    for r in 1..=o.runs {
+        for &k in kinds
+            .iter()
+            .filter(|k| **k != Contestant::CeilingRecvlogical)
+        {
+            let tpl = format!("{}.tx{tx}.r{r}.{{aggregate_type}}", k.tag());
+            paused.push_back(contest::start_paused(w, k, &slot(k, r), &tpl, warm_lsn, cfg).await?);
+        }
+    }
+    log(format!("tx size {tx}: loading {} events", o.events));
+    let t = Instant::now();
+    let (_, end_lsn) = w.load("outbox", o.events as usize, o.shape(tx)).await?;
+    log(format!("loaded in {:.1} s", t.elapsed().as_secs_f64()));
+    let mut runs = vec![];
+    for r in 1..=o.runs {
+        for &k in &kinds {
+            let mut res = match k {
+                // pg_recvlogical starts after loading: it streams the warm-up rows too.
+                Contestant::CeilingRecvlogical => {
+                    let n = o.events + WARM_ROWS as u64;
+                    contest::run_recvlogical(w, &slot(k, r), end_lsn, n, cfg).await?
+                }
+                _ => {
+                    let p = paused.pop_front().context("paused reader")?;
+                    contest::run_paused(w, p, end_lsn, o.events).await?
+                }
+            };
+            if matches!(k, Contestant::Outboxd | Contestant::OutboxdVariant) {
+                let n = o.events + WARM_ROWS as u64;
+                let v = verify_topic(
+                    &w.bootstrap(),
+                    &topic(k, r),
+                    warm_first,
+                    n,
+                    verify_timeout(n),
+                )?;
+                if !v.ok() {
+                    bail!("{} run {r} (tx {tx}) failed verification: {v:?}", k.label());
+                }
+                res.verified = Some(v);
+            }
+            log(format!(
+                "tx {tx} run {r}: {:<24} {:>9.0} ev/s ({:.2} s, first ack after {:.3} s, CPU relay {:.2} s, walsender {:.2} s)",
+                k.label(),
+                res.rate,
+                res.secs,
+                res.first_ack_s.unwrap_or(0.0),
+                res.relay_cpu_s.unwrap_or(0.0),
+                res.pg_cpu_s.unwrap_or(0.0),
+            ));
+            w.drop_slot(&slot(k, r)).await?;
+            runs.push(res);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    if !o.skip_polling {
+        let n = o.poll_events.unwrap_or(o.events);
+        for r in 1..=o.runs {
+            w.sql()
+                .await?
+                .batch_execute("TRUNCATE outbox_poll RESTART IDENTITY")
+                .await?;
+            let (first, _) = w.load("outbox_poll", n as usize, o.shape(tx)).await?;
+            w.sql()
+                .await?
+                .batch_execute("VACUUM ANALYZE outbox_poll")
+                .await?;
+            let tp = topic(Contestant::Polling, r);
+            let mut res = contest::run_polling(w, n, &tp, cfg).await?;
+            let v = verify_topic(&w.bootstrap(), &tp, first, n, verify_timeout(n))?;
+            if !v.ok() {
+                bail!("polling run {r} (tx {tx}) failed verification: {v:?}");
+            }
+            res.verified = Some(v);
+            log(format!(
+                "tx {tx} run {r}: {:<24} {:>9.0} ev/s",
+                res.contestant.label(),
+                res.rate
+            ));
+            runs.push(res);
+        }
+    }
+    Ok(Scenario {
+        tx_size: tx,
+        events: o.events,
+        runs,
+    })
+}
+
+/// Rows every slot reader streams (and then pauses) before the timed rows are loaded.
+const WARM_ROWS: usize = 1_000;
+
+fn verify_timeout(n: u64) -> Duration {
+    Duration::from_secs(60 + n / 5_000)
+}
+
+async fn latency_phase(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    rates: &[(f64, Option<f64>)],
+) -> Result<Vec<LatencyPoint>> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let mut points = vec![];
+    w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.partitions)
+        .await?;
+    let mut relays = vec![Contestant::Outboxd];
+    if !o.variant_env.is_empty() {
+        relays.push(Contestant::OutboxdVariant);
+    }
+    for k in relays {
+        points.extend(latency_relay(w, o, cfg, k, rates).await?);
+    }
+    if o.skip_polling {
+        return Ok(points);
+    }
+    w.sql()
+        .await?
+        .batch_execute("TRUNCATE outbox_poll RESTART IDENTITY")
+        .await?;
+    let mut live = PollingLive::start(w, &format!("poll.lat.{AGG_TYPE}"), cfg)?;
+    let warm = latency::open_loop(w, "outbox_poll", 2_000.0, 0.25, shape, 1).await?;
+    live.collect(warm.first_version, warm.events, Duration::from_secs(30));
+    for &(rate, fraction) in rates {
+        let written =
+            latency::open_loop(w, "outbox_poll", rate, o.latency_secs, shape, o.writers).await?;
+        let (lat, missing) = live.collect(
+            written.first_version,
+            written.events,
+            Duration::from_secs(30),
+        );
+        let p = LatencyPoint::new(Contestant::Polling, rate, fraction, &written, lat, missing);
+        log(p.line());
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
+    }
+    live.stop()?;
+    Ok(points)
+}
+
+/// One relay process (fresh slot) for all offered loads, after a warm-up.
+async fn latency_relay(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    kind: Contestant,
+    rates: &[(f64, Option<f64>)],
+) -> Result<Vec<LatencyPoint>> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let mut points = vec![];
+    let slot = format!("{}_lat", kind.tag());
+    let topic = format!("{}.lat.{AGG_TYPE}", kind.tag());
+    w.create_slot(&slot).await?;
+    w.create_topics(std::slice::from_ref(&topic), o.partitions)
+        .await?;
+    let sql = w.sql().await?;
+    let log_path = w.dir.path().join(format!("{slot}.log"));
+    let tpl = format!("{}.lat.{{aggregate_type}}", kind.tag());
+    let mut cmd = contest::slot_command(w, kind, &slot, 0, &tpl, cfg)?;
+    let pid = contest::spawn(&mut cmd, &log_path)?;
+    contest::wait_active(&sql, &slot, pid, &log_path).await?;
+    // Warm-up: the relay's first delivery pays for broker metadata and the producer id
+    // (about a second on tansu); that is start-up, not commit→ack latency.
+    let warm = latency::open_loop(w, "outbox", 2_000.0, 0.25, shape, 1).await?;
+    let warm_lsn = warm.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while world::slot_state(&sql, &slot).await?.1 < warm_lsn && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (first, mut total) = (warm.first_version, warm.events);
+    for &(rate, fraction) in rates {
+        let poller =
+            ConfirmPoller::start(w, &slot, Duration::from_millis(o.confirm_poll_ms)).await?;
+        let written =
+            latency::open_loop(w, "outbox", rate, o.latency_secs, shape, o.writers).await?;
+        total += written.events;
+        let target = written.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while world::slot_state(&sql, &slot).await?.1 < target && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let samples = poller.finish().await?;
+        let (lat, unacked) = latency::slot_latencies(&written.commits, &samples);
+        if let Ok(path) = std::env::var("BENCH_DUMP_LATENCY") {
+            latency::dump(&path, &written.commits, &samples)?;
+        }
+        let p = LatencyPoint::new(kind, rate, fraction, &written, lat, unacked);
+        log(p.line());
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
+    }
+    let rss = crate::procstat::peak_rss_kib(pid);
+    crate::procstat::terminate(pid, Duration::from_secs(30))?;
+    w.drop_slot(&slot).await?;
+    for p in points.iter_mut() {
+        p.peak_rss_kib = rss;
+    }
+    let v = verify_topic(&w.bootstrap(), &topic, first, total, verify_timeout(total))?;
+    // Concurrent writers commit versions out of order, so only completeness is checked.
+    if v.distinct != v.expected {
+        bail!("{} latency run failed verification: {v:?}", kind.label());
+    }
+    if let Some(last) = points.last_mut() {
+        last.verified = Some(v);
+    }
+    Ok(points)
+}
+
+/// One transaction of `big_txn_rows` rows: the ceiling reader and outboxd, once each; outboxd's
+/// peak RSS is the point.
+async fn big_txn(w: &mut World, o: &Opts, cfg: &RunCfg) -> Result<Vec<RunResult>> {
+    let n = o.big_txn_rows;
+    let mut kinds = vec![Contestant::CeilingBare, Contestant::Outboxd];
+    if !o.variant_env.is_empty() {
+        kinds.push(Contestant::OutboxdVariant);
+    }
+    for &k in &kinds {
+        w.create_slot(&format!("{}_big", k.tag())).await?;
+    }
+    let topics = [Contestant::Outboxd, Contestant::OutboxdVariant]
+        .map(|k| format!("{}.big.{AGG_TYPE}", k.tag()));
+    w.create_topics(&topics, o.partitions).await?;
+    let (warm_first, warm_lsn) = w.load("outbox", WARM_ROWS, o.shape(100)).await?;
+    let mut paused = std::collections::VecDeque::new();
+    for &k in &kinds {
+        let tpl = format!("{}.big.{{aggregate_type}}", k.tag());
+        let slot = format!("{}_big", k.tag());
+        paused.push_back(contest::start_paused(w, k, &slot, &tpl, warm_lsn, cfg).await?);
+    }
+    log(format!("loading one transaction of {n} rows"));
+    let (_, end_lsn) = w.load("outbox", n as usize, o.shape(n as usize)).await?;
+    let mut out = vec![];
+    for k in kinds {
+        let slot = format!("{}_big", k.tag());
+        let p = paused.pop_front().context("paused reader")?;
+        let mut res = contest::run_paused(w, p, end_lsn, n).await?;
+        if k != Contestant::CeilingBare {
+            let topic = format!("{}.big.{AGG_TYPE}", k.tag());
+            let total = n + WARM_ROWS as u64;
+            let v = verify_topic(
+                &w.bootstrap(),
+                &topic,
+                warm_first,
+                total,
+                verify_timeout(total),
+            )?;
+            if !v.ok() {
+                bail!("{} big transaction failed verification: {v:?}", k.label());
+            }
+            res.verified = Some(v);
+        }
+        log(format!(
+            "big txn: {:<24} {:>9.0} ev/s, peak RSS {:?} KiB",
+            k.label(),
+            res.rate,
+            res.peak_rss_kib
+        ));
+        w.drop_slot(&slot).await?;
+        out.push(res);
+    }
+    Ok(out)
+}

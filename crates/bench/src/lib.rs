@@ -1,0 +1,29 @@
+//! outboxd-bench: outboxd against the single-slot ceiling and a polling relay, in one run.
+//!
+//! One invocation starts its own Postgres and broker (testkit), loads the same rows for every
+//! contestant, and measures side by side:
+//! - **ceiling**: how fast this Postgres streams the rows out of a pgoutput slot with nothing done
+//!   to them (`pg_recvlogical` to /dev/null, and a bare pgwire-replication reader);
+//! - **outboxd**: the real relay process, from commit to broker acknowledgement;
+//! - **polling**: a `FOR UPDATE SKIP LOCKED` relay, written fairly.
+//!
+//! # Layout
+//! - [`bench`]: the phases (throughput per tx size, latency sweep, one huge transaction).
+//! - [`world`]: Postgres, broker, tables, server-side loaders.
+//! - [`contest`]: timed runs of each contestant as its own process.
+//! - [`bare`], [`poll`]: the bare reader and the polling relay (hidden subcommands).
+//! - [`latency`]: open-loop writers and commit→ack measurement.
+//! - [`verify`]: read-back of every event after the clock stopped.
+//! - [`procstat`]: CPU and RSS from /proc and wait4.
+//! - [`report`], [`chart`]: Markdown/JSON results and the SVG chart.
+
+pub mod bare;
+pub mod bench;
+pub mod chart;
+pub mod contest;
+pub mod latency;
+pub mod poll;
+pub mod procstat;
+pub mod report;
+pub mod verify;
+pub mod world;

@@ -1,0 +1,255 @@
+//! The bench's own world: a private Postgres and broker, the outbox table outboxd reads, the
+//! polling baseline's table, and server-side loaders so loading costs no client round trips.
+
+use crate::procstat;
+use anyhow::{bail, Context, Result};
+use outboxd_testkit::{Broker, PgOptions, Postgres, PG_PASSWORD};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientConfig;
+use std::time::Duration;
+
+/// Database every contestant reads from.
+pub const DB: &str = "bench";
+/// The publication outboxd, the bare reader and pg_recvlogical stream.
+pub const PUBLICATION: &str = "outbox_pub";
+/// aggregate_type of every bench event (topic suffix with outboxd's default template).
+pub const AGG_TYPE: &str = "bench";
+
+/// Server settings on top of testkit's (fsync=off, full_page_writes=off): no checkpoint in the
+/// middle of a timed phase, and the default logical_decoding_work_mem.
+pub const PG_SETTINGS: &[(&str, &str)] = &[
+    ("max_wal_size", "8GB"),
+    ("checkpoint_timeout", "30min"),
+    ("shared_buffers", "256MB"),
+    // Paused readers (see contest::Paused) send no status while the timed rows load.
+    ("wal_sender_timeout", "0"),
+];
+
+/// The polling baseline's table: the same columns as `outbox` plus what a polling relay
+/// needs, a serial id to page in commit-ish order and `sent_at`, with a partial index over
+/// unsent rows so each poll reads only what is left.
+const POLL_SQL: &str = r#"
+CREATE TABLE IF NOT EXISTS outbox_poll (
+    id                bigserial   PRIMARY KEY,
+    event_id          uuid        NOT NULL UNIQUE,
+    aggregate_type    text        NOT NULL,
+    aggregate_id      text        NOT NULL,
+    aggregate_version bigint      NOT NULL,
+    event_type        text        NOT NULL,
+    schema_version    int         NOT NULL DEFAULT 1,
+    payload           jsonb       NOT NULL,
+    headers           jsonb,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    sent_at           timestamptz
+);
+CREATE INDEX IF NOT EXISTS outbox_poll_unsent ON outbox_poll (id) WHERE sent_at IS NULL;
+"#;
+
+/// Loads `n` events into `tbl`, `tx` rows per committed transaction, entirely inside the server
+/// (a procedure may COMMIT between statements). Versions are `first..first+n`, unique across
+/// the whole bench so every event can be told apart on the topics.
+const LOAD_SQL: &str = r#"
+CREATE OR REPLACE PROCEDURE bench_load(tbl regclass, first bigint, n bigint, tx int, aggs int, pad int)
+LANGUAGE plpgsql AS $$
+DECLARE
+    i bigint := 0;
+    q text := format(
+        'INSERT INTO %s (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, created_at) '
+        'SELECT gen_random_uuid(), ''bench'', ''agg-'' || (g %% $3), g, ''BenchEvent'', '
+        'jsonb_build_object(''v'', g, ''pad'', repeat(''x'', $4)), clock_timestamp() '
+        'FROM generate_series($1, $2) g', tbl);
+BEGIN
+    WHILE i < n LOOP
+        EXECUTE q USING first + i, first + least(i + tx, n) - 1, aggs, pad;
+        i := i + tx;
+        COMMIT;
+    END LOOP;
+END $$;
+"#;
+
+/// Workload shape shared by every loader and writer.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Shape {
+    pub tx_size: usize,
+    pub payload_bytes: usize,
+    pub aggregates: usize,
+}
+
+impl Shape {
+    /// `repeat('x', pad)` such that the payload's text form is about `payload_bytes` long
+    /// (`{"v": 123456, "pad": "…"}` adds about 25 bytes).
+    pub fn pad(&self) -> usize {
+        self.payload_bytes.saturating_sub(25)
+    }
+}
+
+pub struct World {
+    pub pg: Postgres,
+    pub broker: Broker,
+    pub broker_pid: Option<u32>,
+    pub dir: tempfile::TempDir,
+    /// Next unused aggregate_version (versions never repeat within a bench run).
+    pub next_version: i64,
+}
+
+impl World {
+    pub async fn start() -> Result<Self> {
+        let pg = Postgres::start_with(PgOptions {
+            settings: PG_SETTINGS
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..PgOptions::default()
+        })?;
+        let broker = Broker::start()?;
+        let broker_pid = procstat::find_pid_by_cmdline(&format!("tcp://127.0.0.1:{}", broker.port));
+        pg.create_database(DB).await?;
+        let w = Self {
+            pg,
+            broker,
+            broker_pid,
+            dir: tempfile::Builder::new()
+                .prefix("outboxd-bench-")
+                .tempdir()?,
+            next_version: 1,
+        };
+        let c = w.sql().await?;
+        c.batch_execute(outboxd::admin::OUTBOX_SQL).await?;
+        // An append-only outbox needs no vacuum during a benchmark; autovacuum waking up in the
+        // middle of a timed phase would only add noise. The polling table keeps autovacuum:
+        // its dead rows are part of what polling costs.
+        c.batch_execute("ALTER TABLE outbox SET (autovacuum_enabled = false)")
+            .await?;
+        c.batch_execute(POLL_SQL).await?;
+        c.batch_execute(LOAD_SQL).await?;
+        Ok(w)
+    }
+
+    pub async fn sql(&self) -> Result<tokio_postgres::Client> {
+        self.pg.connect(DB).await
+    }
+
+    pub fn dsn(&self) -> String {
+        self.pg.dsn(DB)
+    }
+
+    /// libpq key=value connection string without the password (it goes in PGPASSWORD).
+    pub fn libpq_conninfo(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={DB}",
+            self.pg.port
+        )
+    }
+
+    pub fn password(&self) -> &'static str {
+        PG_PASSWORD
+    }
+
+    pub fn bootstrap(&self) -> String {
+        self.broker.bootstrap()
+    }
+
+    pub async fn server_version(&self) -> Result<String> {
+        Ok(self
+            .sql()
+            .await?
+            .query_one("SELECT version()", &[])
+            .await?
+            .get(0))
+    }
+
+    /// Reserves `n` versions; returns the first.
+    pub fn take_versions(&mut self, n: usize) -> i64 {
+        let first = self.next_version;
+        self.next_version += n as i64;
+        first
+    }
+
+    /// Loads `n` events into `table` (server-side); returns the first version and the WAL
+    /// insert position right after the last commit.
+    pub async fn load(&mut self, table: &str, n: usize, shape: Shape) -> Result<(i64, u64)> {
+        let first = self.take_versions(n);
+        let c = self.sql().await?;
+        c.batch_execute(&format!(
+            "CALL bench_load('{table}', {first}, {n}, {}, {}, {})",
+            shape.tx_size.max(1),
+            shape.aggregates.max(1),
+            shape.pad()
+        ))
+        .await
+        .with_context(|| format!("load {n} events into {table}"))?;
+        Ok((first, current_lsn(&c).await?))
+    }
+
+    pub async fn create_slot(&self, slot: &str) -> Result<()> {
+        self.sql()
+            .await?
+            .execute(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&slot],
+            )
+            .await
+            .with_context(|| format!("create slot {slot}"))?;
+        Ok(())
+    }
+
+    pub async fn drop_slot(&self, slot: &str) -> Result<()> {
+        let c = self.sql().await?;
+        // The walsender of a just-stopped reader may take a moment to release the slot.
+        for _ in 0..100 {
+            match c
+                .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.to_string().contains("is active") => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => return Err(e).with_context(|| format!("drop slot {slot}")),
+            }
+        }
+        bail!("slot {slot} stayed active")
+    }
+
+    /// Creates topics with `partitions` partitions each.
+    pub async fn create_topics(&self, names: &[String], partitions: i32) -> Result<()> {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()?;
+        let topics: Vec<NewTopic> = names
+            .iter()
+            .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        for r in admin.create_topics(&topics, &opts).await? {
+            if let Err((t, e)) = r {
+                if e != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
+                    bail!("create topic {t}: {e}");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// WAL insert position (≥ the end of every commit that already returned).
+pub async fn current_lsn(c: &tokio_postgres::Client) -> Result<u64> {
+    let row = c
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::bigint", &[])
+        .await?;
+    Ok(row.get::<_, i64>(0) as u64)
+}
+
+/// (walsender pid when the slot is active, confirmed_flush_lsn).
+pub async fn slot_state(c: &tokio_postgres::Client, slot: &str) -> Result<(Option<i32>, u64)> {
+    let row = c
+        .query_opt(
+            "SELECT active_pid, (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?
+        .with_context(|| format!("slot {slot} missing"))?;
+    Ok((row.get(0), row.get::<_, Option<i64>>(1).unwrap_or(0) as u64))
+}

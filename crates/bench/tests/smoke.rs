@@ -1,0 +1,46 @@
+//! The benchmark harness in smoke mode (2,000 events, one run, short latency points) so it
+//! cannot rot: it must complete and verify every event it produced. No timing is asserted.
+
+use std::process::Command;
+
+#[test]
+fn bench_smoke_completes_and_verifies_every_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let chart = dir.path().join("latency.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_outboxd-bench"))
+        .args(["run", "--smoke"])
+        .arg("--relay-bin")
+        .arg(env!("CARGO_BIN_EXE_outboxd-bench-relay"))
+        .arg("--json")
+        .arg(&json)
+        .arg("--chart")
+        .arg(&chart)
+        .output()
+        .expect("run outboxd-bench");
+    assert!(
+        out.status.success(),
+        "bench failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = r["scenarios"][0]["runs"].as_array().unwrap();
+    for who in ["Outboxd", "Polling"] {
+        let run = runs
+            .iter()
+            .find(|x| x["contestant"] == who)
+            .unwrap_or_else(|| panic!("no {who} run"));
+        let v = &run["verified"];
+        assert_eq!(v["distinct"], v["expected"], "{who}: {v}");
+        assert_eq!(v["out_of_order"], 0, "{who}: {v}");
+    }
+    for who in ["CeilingRecvlogical", "CeilingBare"] {
+        assert!(runs.iter().any(|x| x["contestant"] == who), "no {who} run");
+    }
+    let big = r["big_txn"].as_array().unwrap();
+    let ob = big.iter().find(|x| x["contestant"] == "Outboxd").unwrap();
+    assert_eq!(ob["verified"]["distinct"], ob["verified"]["expected"]);
+    assert!(r["latency"].as_array().is_some_and(|l| !l.is_empty()));
+    assert!(std::fs::read_to_string(&chart).unwrap().starts_with("<svg"));
+}
