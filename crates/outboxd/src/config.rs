@@ -321,9 +321,9 @@ fn d_topic() -> String {
     "outbox.event.{aggregate_type}".into()
 }
 fn d_max_events() -> usize {
-    // librdkafka holds ~600 B per queued message beyond its payload: 10k keeps RSS low with no
-    // measurable throughput cost (docs/benchmarks.md).
-    10_000
+    // librdkafka holds ~600 B per queued message beyond its payload: 20k keeps peak RSS well
+    // under 64 MiB even when starting on a backlog (docs/benchmarks.md).
+    20_000
 }
 fn d_max_bytes() -> usize {
     32 << 20
@@ -487,7 +487,7 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<()
             "env OUTBOXD_{key}: expected OUTBOXD_<SECTION>_<KEY>"
         ))
     })?;
-    const SECTIONS: [&str; 7] = [
+    const SECTIONS: [&str; 9] = [
         "source",
         "sink",
         "relay",
@@ -495,6 +495,8 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<()
         "metrics",
         "policy",
         "validation",
+        "heartbeat",
+        "alerts",
     ];
     if !SECTIONS.contains(&section) {
         return Err(invalid(format!(
@@ -566,6 +568,8 @@ dsn = "postgres://u@127.0.0.1:5432/app"
                 ("OUTBOXD_SINK_KAFKA_COMPRESSION_TYPE", "zstd"),
                 ("OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS", "7"),
                 ("OUTBOXD_SOURCE_COLUMNS_PRESET", "debezium"),
+                ("OUTBOXD_HEARTBEAT_INTERVAL_MS", "0"),
+                ("OUTBOXD_POLICY_ON_POISON", "halt"),
                 ("HOME", "/root"),
                 ("OUTBOXD_CONFIG", "/etc/outboxd.toml"),
                 ("OUTBOXD_FAILPOINTS", "produced@3"),
@@ -578,6 +582,8 @@ dsn = "postgres://u@127.0.0.1:5432/app"
         assert_eq!(c.sink.kafka["compression.type"], "zstd");
         assert_eq!(c.relay.max_in_flight_events, 7);
         assert_eq!(c.source.columns.preset, Preset::Debezium);
+        assert_eq!(c.heartbeat.interval_ms, 0);
+        assert_eq!(c.policy.on_poison, crate::policy::OnPoison::Halt);
     }
 
     #[test]
