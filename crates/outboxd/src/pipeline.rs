@@ -86,10 +86,10 @@ pub async fn run_session(
                     None => return Err(RelayError::Replication("stream ended".into())),
                 },
                 _ = tick.tick() => {
-                    st.obs_tick(room).await?;
+                    sql_bounded(st.obs_tick(room)).await?;
                     if Instant::now() >= next_repair {
                         next_repair = Instant::now() + repair_every;
-                        st.repair_tick(&producer).await?;
+                        sql_bounded(st.repair_tick(&producer)).await?;
                     }
                 }
             }
@@ -99,7 +99,9 @@ pub async fn run_session(
             }
             let c = st.tracker.confirmed();
             if c > reported {
-                fail::hit("acked");
+                if std::mem::take(&mut st.advanced_by_ack) {
+                    fail::hit("acked");
+                }
                 repl.update_applied_lsn(Lsn(c));
                 reported = c;
                 if health.halted.swap(false, Relaxed) {
@@ -131,10 +133,15 @@ pub async fn run_session(
         // stop() sends no final status: wait until the server has taken our position.
         let wait_until = Instant::now() + status_interval * 2 + Duration::from_secs(1);
         while Instant::now() < wait_until {
-            match source::confirmed_flush(cfg, &st.sql).await {
-                Ok(s) if s >= c => break,
-                Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-                Err(_) => break,
+            // Bounded: the session may be ending because this very connection went silent.
+            let poll = tokio::time::timeout(
+                Duration::from_secs(1),
+                source::confirmed_flush(cfg, &st.sql),
+            );
+            match poll.await {
+                Ok(Ok(s)) if s >= c => break,
+                Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Ok(Err(_)) | Err(_) => break,
             }
         }
     }
@@ -148,4 +155,19 @@ pub async fn run_session(
         "session ended"
     );
     result.map(|()| SessionEnd::Shutdown)
+}
+
+/// Periodic SQL work (status, slot health, repairs) must not hang the session on a connection
+/// that went silent without a reset (blackholed): past 10 s it is a transient error and the
+/// session restarts with fresh connections.
+async fn sql_bounded<T>(
+    work: impl std::future::Future<Output = Result<T, RelayError>>,
+) -> Result<T, RelayError> {
+    tokio::time::timeout(Duration::from_secs(10), work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RelayError::Postgres(
+                "the SQL connection stopped answering (10 s): reconnecting".into(),
+            ))
+        })
 }

@@ -54,6 +54,9 @@ pub struct Stages {
     pub(crate) labels: Vec<crate::session_obs::Label>,
     label_idx: std::collections::HashMap<String, std::collections::HashMap<String, u32>>,
     pub(crate) watch: crate::session_obs::Watch,
+    /// An acknowledgement (not a keepalive) advanced the confirmable LSN since the last report:
+    /// where the `acked` crash window is.
+    pub advanced_by_ack: bool,
 }
 
 impl Stages {
@@ -83,6 +86,7 @@ impl Stages {
             labels: Vec::new(),
             label_idx: Default::default(),
             watch: crate::session_obs::Watch::new(cfg),
+            advanced_by_ack: false,
         })
     }
 
@@ -90,6 +94,13 @@ impl Stages {
         if ack.seq & RELEASE_BIT != 0 {
             return self.on_release_ack(ack, producer).await;
         }
+        let before = self.tracker.confirmed();
+        let r = self.on_stream_ack(ack).await;
+        self.advanced_by_ack |= self.tracker.confirmed() > before;
+        r
+    }
+
+    async fn on_stream_ack(&mut self, ack: Ack) -> Result<(), RelayError> {
         let label = ack
             .seq
             .checked_sub(self.meta_base)

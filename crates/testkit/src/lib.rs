@@ -56,7 +56,9 @@ pub fn tansu_bin() -> PathBuf {
         .unwrap_or_else(|| workspace_root().join(".dev/bin/tansu"))
 }
 
-fn die_with_parent(cmd: &mut Command) {
+/// Makes the child get SIGKILL when the thread that spawned it exits (tests never leak servers
+/// or relays, even when the test process is killed by a timeout).
+pub fn die_with_parent(cmd: &mut Command) {
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
