@@ -406,6 +406,26 @@ pub struct NewEvent {
     pub payload: serde_json::Value,
 }
 
+impl NewEvent {
+    /// An event with a fresh UUIDv7 `event_id`.
+    pub fn new(
+        aggregate_type: &str,
+        aggregate_id: &str,
+        version: i64,
+        event_type: &str,
+        payload: serde_json::Value,
+    ) -> Self {
+        Self {
+            event_id: uuid::Uuid::now_v7(),
+            aggregate_type: aggregate_type.into(),
+            aggregate_id: aggregate_id.into(),
+            version,
+            event_type: event_type.into(),
+            payload,
+        }
+    }
+}
+
 /// Inserts `events` into the outbox in one transaction; commits unless `rollback`.
 pub async fn write_events(
     c: &mut tokio_postgres::Client,

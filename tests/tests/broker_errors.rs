@@ -11,19 +11,11 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use uuid::Uuid;
 
 const TOPIC: &str = "outbox.event.acct";
 
 fn ev(agg: &str, v: i64) -> NewEvent {
-    NewEvent {
-        event_id: Uuid::now_v7(),
-        aggregate_type: "acct".into(),
-        aggregate_id: agg.into(),
-        version: v,
-        event_type: "Deposited".into(),
-        payload: serde_json::json!({"v": v}),
-    }
+    NewEvent::new("acct", agg, v, "Deposited", serde_json::json!({"v": v}))
 }
 
 /// Distinct event ids on the mock cluster's topic.

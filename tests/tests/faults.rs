@@ -474,14 +474,13 @@ async fn postgres_blackhole_of_live_connections_is_detected() -> anyhow::Result<
 const MOCK_TOPIC: &str = "outbox.event.acct";
 
 fn ev(agg: &str, v: i64) -> NewEvent {
-    NewEvent {
-        event_id: Uuid::now_v7(),
-        aggregate_type: "acct".into(),
-        aggregate_id: agg.into(),
-        version: v,
-        event_type: "Deposited".into(),
-        payload: serde_json::json!({"amount": v}),
-    }
+    NewEvent::new(
+        "acct",
+        agg,
+        v,
+        "Deposited",
+        serde_json::json!({"amount": v}),
+    )
 }
 
 /// Commits `e` in its own transaction; returns an LSN at or after its commit.

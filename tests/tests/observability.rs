@@ -68,14 +68,7 @@ fn names_in(text: &str) -> Vec<String> {
 }
 
 fn ev(agg: &str, v: i64, event_type: &str, payload: serde_json::Value) -> NewEvent {
-    NewEvent {
-        event_id: Uuid::now_v7(),
-        aggregate_type: "parcel".into(),
-        aggregate_id: agg.into(),
-        version: v,
-        event_type: event_type.into(),
-        payload,
-    }
+    NewEvent::new("parcel", agg, v, event_type, payload)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

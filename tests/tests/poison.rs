@@ -3,17 +3,9 @@
 
 use outboxd_tests::*;
 use std::time::Duration;
-use uuid::Uuid;
 
 fn ev(agg: &str, v: i64, event_type: &str, payload: serde_json::Value) -> NewEvent {
-    NewEvent {
-        event_id: Uuid::now_v7(),
-        aggregate_type: "acct".into(),
-        aggregate_id: agg.into(),
-        version: v,
-        event_type: event_type.into(),
-        payload,
-    }
+    NewEvent::new("acct", agg, v, event_type, payload)
 }
 
 fn big() -> serde_json::Value {

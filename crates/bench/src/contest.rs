@@ -383,23 +383,8 @@ pub async fn run_recvlogical(
 /// Runs the polling relay over the pre-loaded `outbox_poll` rows until it finds none left.
 pub async fn run_polling(w: &World, events: u64, topic: &str, cfg: &RunCfg) -> Result<RunResult> {
     let log = w.dir.path().join(format!("{topic}.log"));
-    let mut cmd = Command::new(&cfg.bench_bin);
-    cmd.arg("poll-relay")
-        .args([
-            "--dsn",
-            &w.dsn(),
-            "--bootstrap",
-            &w.bootstrap(),
-            "--topic",
-            topic,
-        ])
-        .args([
-            "--batch",
-            &cfg.poll_batch.to_string(),
-            "--linger-ms",
-            &cfg.linger_ms,
-        ])
-        .arg("--exit-when-empty");
+    let mut cmd = poll_relay_command(w, topic, cfg);
+    cmd.arg("--exit-when-empty");
     let pid = spawn(&mut cmd, &log)?;
     let broker0 = w.broker_pid.and_then(procstat::cpu_secs);
     let deadline = Instant::now() + Duration::from_secs(600 + events / 200);
@@ -446,4 +431,25 @@ pub async fn run_polling(w: &World, events: u64, topic: &str, cfg: &RunCfg) -> R
         peak_rss_kib: Some(exit.max_rss_kib),
         verified: None,
     })
+}
+
+/// The polling relay process for `topic`, with the options every polling run shares.
+pub fn poll_relay_command(w: &World, topic: &str, cfg: &RunCfg) -> Command {
+    let mut cmd = Command::new(&cfg.bench_bin);
+    cmd.arg("poll-relay")
+        .args([
+            "--dsn",
+            &w.dsn(),
+            "--bootstrap",
+            &w.bootstrap(),
+            "--topic",
+            topic,
+        ])
+        .args([
+            "--batch",
+            &cfg.poll_batch.to_string(),
+            "--linger-ms",
+            &cfg.linger_ms,
+        ]);
+    cmd
 }

@@ -227,23 +227,8 @@ pub struct PollingLive {
 
 impl PollingLive {
     pub fn start(w: &World, topic: &str, cfg: &crate::contest::RunCfg) -> Result<Self> {
-        let mut cmd = std::process::Command::new(&cfg.bench_bin);
-        cmd.arg("poll-relay")
-            .args([
-                "--dsn",
-                &w.dsn(),
-                "--bootstrap",
-                &w.bootstrap(),
-                "--topic",
-                topic,
-            ])
-            .args([
-                "--batch",
-                &cfg.poll_batch.to_string(),
-                "--linger-ms",
-                &cfg.linger_ms,
-            ])
-            .arg("--report-latency")
+        let mut cmd = crate::contest::poll_relay_command(w, topic, cfg);
+        cmd.arg("--report-latency")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::fs::File::create(w.dir.path().join("poll-live.log"))?);

@@ -45,13 +45,18 @@ fn pg_config(cfg: &Config) -> Result<tokio_postgres::Config, RelayError> {
     Ok(pg)
 }
 
-/// host:port/db, never the password.
-fn describe(pg: &tokio_postgres::Config) -> String {
-    let host = match pg.get_hosts().first() {
+/// The first host of the DSN (a Unix socket directory as a path), or `default`.
+fn host_of(pg: &tokio_postgres::Config, default: &str) -> String {
+    match pg.get_hosts().first() {
         Some(Host::Tcp(h)) => h.clone(),
         Some(Host::Unix(p)) => p.display().to_string(),
-        None => "localhost".into(),
-    };
+        None => default.into(),
+    }
+}
+
+/// host:port/db, never the password.
+fn describe(pg: &tokio_postgres::Config) -> String {
+    let host = host_of(pg, "localhost");
     let port = pg.get_ports().first().copied().unwrap_or(5432);
     format!(
         "{host}:{port}/{}",
@@ -223,11 +228,7 @@ pub async fn start_stream(
     status_interval: Duration,
 ) -> Result<ReplicationClient, RelayError> {
     let pg = pg_config(cfg)?;
-    let host = match pg.get_hosts().first() {
-        Some(Host::Tcp(h)) => h.clone(),
-        Some(Host::Unix(p)) => p.display().to_string(),
-        None => "127.0.0.1".into(),
-    };
+    let host = host_of(&pg, "127.0.0.1");
     let password = pg
         .get_password()
         .map(|p| String::from_utf8_lossy(p).into_owned())
