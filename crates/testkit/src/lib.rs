@@ -105,8 +105,11 @@ fn chown_tree(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// initdb once per process into a template directory; clusters are copies of it (initdb costs
-/// about a second, a copy a few milliseconds).
+/// initdb once per machine (per Postgres binary directory and user) into a shared template
+/// directory; clusters are copies of it (initdb costs about a second, a copy a few
+/// milliseconds). The template is built under a private name and renamed into place, so
+/// concurrent test processes never see a half-built one, and it is never duplicated per process
+/// (one per process used to fill the disk: every nextest test is its own process).
 fn template_dir() -> Result<&'static Path> {
     static TEMPLATE: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     let r = TEMPLATE.get_or_init(|| make_template().map_err(|e| format!("{e:#}")));
@@ -117,16 +120,28 @@ fn template_dir() -> Result<&'static Path> {
 }
 
 fn make_template() -> Result<PathBuf> {
-    let base = std::env::temp_dir().join(format!("outboxd-pgtemplate-{}", std::process::id()));
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    pg_bin_dir().hash(&mut h);
+    PG_PASSWORD.hash(&mut h);
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let shared = std::env::temp_dir().join(format!("outboxd-pgtemplate-{uid}-{:x}", h.finish()));
+    let data = shared.join("data");
+    if data.join("PG_VERSION").exists() {
+        return Ok(data);
+    }
+    let base =
+        std::env::temp_dir().join(format!("outboxd-pgtemplate-build-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base)?;
     let pwfile = base.join("pw");
     std::fs::write(&pwfile, PG_PASSWORD)?;
-    let data = base.join("data");
+    let built = base.join("data");
     chown_tree(&base)?;
     let mut cmd = Command::new(pg_bin_dir().join("initdb"));
     cmd.arg("-D")
-        .arg(&data)
+        .arg(&built)
         .args([
             "-U",
             "postgres",
@@ -142,9 +157,19 @@ fn make_template() -> Result<PathBuf> {
         .output()
         .context("run initdb (is postgresql-15 installed?)")?;
     if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&base);
         bail!("initdb: {}", String::from_utf8_lossy(&out.stderr));
     }
-    Ok(data)
+    let _ = std::fs::remove_file(&pwfile);
+    // Another process may have won the race: then ours is simply discarded.
+    if std::fs::rename(&base, &shared).is_err() {
+        let _ = std::fs::remove_dir_all(&base);
+    }
+    if data.join("PG_VERSION").exists() {
+        Ok(data)
+    } else {
+        bail!("template cluster missing at {}", data.display())
+    }
 }
 
 /// Extra settings for a test cluster.
