@@ -3,7 +3,9 @@
 
 use crate::contest::{self, Contestant, RunCfg, RunResult};
 use crate::latency::{self, ConfirmPoller, PollingLive};
-use crate::report::{LatencyPoint, Report, Scenario};
+use crate::procstat::CpuSnap;
+use crate::report::{LatencyPoint, LiveCpu, Report, Scenario, WriteCapacity};
+use crate::scrape;
 use crate::verify::verify_topic;
 use crate::world::{self, Shape, World, AGG_TYPE};
 use anyhow::{bail, Context, Result};
@@ -38,7 +40,11 @@ pub struct Opts {
     #[arg(long, default_value_t = 500)]
     pub poll_batch: i64,
     /// Offered loads of the latency phase, as fractions of the measured ceiling.
-    #[arg(long, value_delimiter = ',', default_value = "0.05,0.1,0.25,0.5,0.75")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.025,0.05,0.075,0.1,0.125,0.15,0.2,0.25,0.5"
+    )]
     pub sweep: Vec<f64>,
     /// Offered loads in events/s (open loop), instead of --sweep.
     #[arg(long, value_delimiter = ',')]
@@ -190,6 +196,7 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
         latency_tx_size: o.tx_sizes[0],
         latency_ceiling: 0.0,
         latency: vec![],
+        write_capacity: None,
         big_txn: vec![],
         finished_in_s: 0.0,
     };
@@ -209,6 +216,7 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
         rates.push((m, None));
     }
     if !o.skip_latency {
+        report.write_capacity = Some(write_capacity(&mut w, &o).await?);
         report.latency = latency_phase(&mut w, &o, &cfg, &rates).await?;
     }
     if o.big_txn_rows > 0 {
@@ -334,6 +342,27 @@ async fn throughput(w: &mut World, o: &Opts, cfg: &RunCfg, tx: usize) -> Result<
 /// Rows every slot reader streams (and then pauses) before the timed rows are loaded.
 const WARM_ROWS: usize = 1_000;
 
+/// The most outbox rows this machine commits with no relay, no slot reader and no broker
+/// at work: the same writers as the latency phase, back to back. No relay can be shown a live
+/// load above this here, whatever the ceiling (a reader of a backlog) says.
+async fn write_capacity(w: &mut World, o: &Opts) -> Result<WriteCapacity> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let secs = if o.smoke { 0.5 } else { 4.0 };
+    let written = latency::open_loop(w, "outbox", None, secs, shape, o.writers).await?;
+    let cap = WriteCapacity {
+        writers: o.writers,
+        rate: written.achieved_rate,
+        writer_us_per_event: LiveCpu::of(&written, None, None, None).writers,
+    };
+    log(format!(
+        "write capacity ({} writers, no relay): {:.0} ev/s, {:.1} µs of backend CPU per event",
+        cap.writers,
+        cap.rate,
+        cap.writer_us_per_event.unwrap_or(0.0)
+    ));
+    Ok(cap)
+}
+
 fn verify_timeout(n: u64) -> Duration {
     Duration::from_secs(60 + n / 5_000)
 }
@@ -363,17 +392,34 @@ async fn latency_phase(
         .batch_execute("TRUNCATE outbox_poll RESTART IDENTITY")
         .await?;
     let mut live = PollingLive::start(w, &format!("poll.lat.{AGG_TYPE}"), cfg)?;
-    let warm = latency::open_loop(w, "outbox_poll", 2_000.0, 0.25, shape, 1).await?;
+    let warm = latency::open_loop(w, "outbox_poll", Some(2_000.0), 0.25, shape, 1).await?;
     live.collect(warm.first_version, warm.events, Duration::from_secs(30));
+    let backend = live.backend_pid.load(std::sync::atomic::Ordering::Relaxed);
+    let pids = [
+        Some(live.pid),
+        (backend > 0).then_some(backend),
+        w.broker_pid,
+    ];
     for &(rate, fraction) in rates {
-        let written =
-            latency::open_loop(w, "outbox_poll", rate, o.latency_secs, shape, o.writers).await?;
+        let cpu0 = CpuSnap::take(&pids);
+        let written = latency::open_loop(
+            w,
+            "outbox_poll",
+            Some(rate),
+            o.latency_secs,
+            shape,
+            o.writers,
+        )
+        .await?;
         let (lat, missing) = live.collect(
             written.first_version,
             written.events,
             Duration::from_secs(30),
         );
-        let p = LatencyPoint::new(Contestant::Polling, rate, fraction, &written, lat, missing);
+        let mut p = LatencyPoint::new(Contestant::Polling, rate, fraction, &written, lat, missing);
+        let cpu = cpu0.delta(&CpuSnap::take(&pids));
+        // The polling relay's backend stands where the walsender stands for outboxd.
+        p.cpu = LiveCpu::of(&written, cpu[0], cpu[1], cpu[2]);
         log(p.line());
         let saturated = p.saturated;
         points.push(p);
@@ -404,11 +450,21 @@ async fn latency_relay(
     let log_path = w.dir.path().join(format!("{slot}.log"));
     let tpl = format!("{}.lat.{{aggregate_type}}", kind.tag());
     let mut cmd = contest::slot_command(w, kind, &slot, 0, &tpl, cfg)?;
+    // The relay's own commit→ack histogram (see `scrape`): production runs with metrics on.
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    cmd.env(
+        "OUTBOXD_METRICS_LISTEN",
+        format!("127.0.0.1:{metrics_port}"),
+    );
     let pid = contest::spawn(&mut cmd, &log_path)?;
     contest::wait_active(&sql, &slot, pid, &log_path).await?;
+    let walsender = world::slot_state(&sql, &slot).await?.0.map(|p| p as u32);
+    let pids = [Some(pid), walsender, w.broker_pid];
     // Warm-up: the relay's first delivery pays for broker metadata and the producer id
     // (about a second on tansu); that is start-up, not commit→ack latency.
-    let warm = latency::open_loop(w, "outbox", 2_000.0, 0.25, shape, 1).await?;
+    let warm = latency::open_loop(w, "outbox", Some(2_000.0), 0.25, shape, 1).await?;
     let warm_lsn = warm.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
     let deadline = Instant::now() + Duration::from_secs(30);
     while world::slot_state(&sql, &slot).await?.1 < warm_lsn && Instant::now() < deadline {
@@ -416,10 +472,12 @@ async fn latency_relay(
     }
     let (first, mut total) = (warm.first_version, warm.events);
     for &(rate, fraction) in rates {
+        let hist0 = scrape::commit_to_ack(metrics_port)?;
+        let cpu0 = CpuSnap::take(&pids);
         let poller =
             ConfirmPoller::start(w, &slot, Duration::from_millis(o.confirm_poll_ms)).await?;
         let written =
-            latency::open_loop(w, "outbox", rate, o.latency_secs, shape, o.writers).await?;
+            latency::open_loop(w, "outbox", Some(rate), o.latency_secs, shape, o.writers).await?;
         total += written.events;
         let target = written.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -427,11 +485,15 @@ async fn latency_relay(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let samples = poller.finish().await?;
+        let cpu = cpu0.delta(&CpuSnap::take(&pids));
+        let relay_view = scrape::commit_to_ack(metrics_port)?.since(&hist0);
         let (lat, unacked) = latency::slot_latencies(&written.commits, &samples);
         if let Ok(path) = std::env::var("BENCH_DUMP_LATENCY") {
             latency::dump(&path, &written.commits, &samples)?;
         }
-        let p = LatencyPoint::new(kind, rate, fraction, &written, lat, unacked);
+        let mut p = LatencyPoint::new(kind, rate, fraction, &written, lat, unacked);
+        p.relay_view = Some(relay_view);
+        p.cpu = LiveCpu::of(&written, cpu[0], cpu[1], cpu[2]);
         log(p.line());
         let saturated = p.saturated;
         points.push(p);

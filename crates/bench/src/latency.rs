@@ -1,24 +1,28 @@
 //! Commit→ack latency at a fixed offered load (open loop).
 //!
-//! Writers commit transactions on a fixed schedule, whatever the relay does. For outboxd each
-//! commit is followed, in the same round trip, by `pg_current_wal_insert_lsn()`, a position at
-//! or after the commit's end. A poller samples the slot's `confirmed_flush_lsn` every few ms;
+//! Writers (`bench_paced`, inside the server) commit transactions on a fixed schedule, whatever
+//! the relay does, and record for each commit its start time and a WAL position at or after its
+//! end. A poller samples the slot's `confirmed_flush_lsn` every few ms with the server's clock;
 //! the first sample covering a commit's position is its ack time. outboxd confirms only
 //! broker-acknowledged transactions, so this is an upper bound on commit→ack that needs no
-//! consumer (it adds up to one status interval plus one poll period). The polling relay reports
-//! `created_at`→ack per row itself: it knows when each delivery was acknowledged.
+//! consumer (it adds up to one status interval plus one poll period). The relay's own
+//! `outboxd_commit_to_ack_seconds` histogram (scraped per point, see `scrape`) measures the same
+//! thing from the commit record's timestamp. The polling relay reports `created_at`→ack per row
+//! itself: it knows when each delivery was acknowledged.
 
-use crate::world::{self, Shape, World};
+use crate::world::{Shape, World};
 use anyhow::{bail, Context, Result};
 use std::io::BufRead;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// One committed transaction of the writer.
 #[derive(Debug, Clone, Copy)]
 pub struct Commit {
-    pub sent: Instant,
+    /// Wall clock (unix µs, the server's clock: same host) just before the INSERT.
+    pub sent_us: i64,
+    /// A WAL position at or after the commit's end.
     pub lsn: u64,
     pub events: u32,
 }
@@ -31,6 +35,8 @@ pub struct Written {
     pub events: u64,
     /// Events per second actually offered (first send to last send).
     pub achieved_rate: f64,
+    /// CPU seconds of the writers' Postgres backends (inserts, commits, WAL).
+    pub writer_cpu_s: f64,
 }
 
 /// Percentiles of one latency sample, in milliseconds.
@@ -54,94 +60,110 @@ pub fn percentiles(mut v: Vec<f64>) -> Percentiles {
     }
 }
 
-/// The INSERT of one writer transaction: `tx_size` rows with versions `a..=b`.
-fn insert_sql(table: &str, a: i64, b: i64, shape: Shape) -> String {
-    format!(
-        "INSERT INTO {table} (event_id, aggregate_type, aggregate_id, aggregate_version, \
-         event_type, payload, created_at) SELECT gen_random_uuid(), 'bench', 'agg-' || (g % {aggs}), \
-         g, 'BenchEvent', jsonb_build_object('v', g, 'pad', repeat('x', {pad})), clock_timestamp() \
-         FROM generate_series({a}, {b}) g",
-        aggs = shape.aggregates.max(1),
-        pad = shape.pad()
-    )
+fn unix_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// Commits `rate × secs` events into `table` in transactions of `shape.tx_size`, on a fixed
-/// schedule shared by `writers` connections (open loop: a slow relay does not slow the writers).
+/// Commits events into `table` in transactions of `shape.tx_size` from `writers` connections.
+/// `Some(rate)`: open loop, `rate × secs` events on a fixed schedule whatever the relay does
+/// (every scheduled transaction is written, however late). `None`: closed loop, back to back
+/// for `secs` — the most the machine can commit. The writers are `bench_paced` procedures, so
+/// the load generator costs the inserts and nothing else.
 pub async fn open_loop(
     w: &mut World,
     table: &'static str,
-    rate: f64,
+    rate: Option<f64>,
     secs: f64,
     shape: Shape,
     writers: usize,
 ) -> Result<Written> {
     let tx = shape.tx_size.max(1) as i64;
-    let total_tx = ((rate * secs) / tx as f64).round().max(1.0) as u64;
+    let writers = writers.max(1);
+    let (total_tx, interval, deadline) = match rate {
+        Some(r) => (
+            ((r * secs) / tx as f64).round().max(1.0) as u64,
+            tx as f64 / r,
+            f64::MAX,
+        ),
+        // Versions are only reserved, never required to be contiguous here: a closed-loop
+        // phase runs without a relay.
+        None => (
+            (secs * 1_000_000.0) as u64 / tx as u64,
+            0.0,
+            unix_secs() + secs,
+        ),
+    };
     let first = w.take_versions((total_tx as i64 * tx) as usize);
-    let interval = Duration::from_secs_f64(tx as f64 / rate);
-    let next = Arc::new(AtomicU64::new(0));
-    let t0 = tokio::time::Instant::now() + Duration::from_millis(20);
-    let want_lsn = table == "outbox";
+    let t0 = unix_secs() + 0.05;
     let mut tasks = Vec::new();
-    for _ in 0..writers.max(1) {
+    for lane in 0..writers {
         let c = w.sql().await?;
-        let next = next.clone();
+        let call = format!(
+            "CALL bench_paced('{table}', {first}, {total_tx}, {tx}, {aggs}, {pad}, {t0:.6}, \
+             {interval:.9}, {writers}, {lane}, {deadline:.6})",
+            aggs = shape.aggregates.max(1),
+            pad = shape.pad(),
+            deadline = deadline.min(1e12),
+        );
         tasks.push(tokio::spawn(async move {
-            let mut out = Vec::new();
-            loop {
-                let j = next.fetch_add(1, Ordering::Relaxed);
-                if j >= total_tx {
-                    return Ok::<_, anyhow::Error>(out);
-                }
-                tokio::time::sleep_until(t0 + interval.mul_f64(j as f64)).await;
-                let a = first + j as i64 * tx;
-                let mut q = format!(
-                    "BEGIN; {}; COMMIT;",
-                    insert_sql(table, a, a + tx - 1, shape)
-                );
-                if want_lsn {
-                    q.push_str(" SELECT (pg_current_wal_insert_lsn() - '0/0')::text");
-                }
-                let sent = Instant::now();
-                let msgs = c.simple_query(&q).await?;
-                let lsn = msgs
-                    .iter()
-                    .find_map(|m| match m {
-                        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0)?.parse().ok(),
-                        _ => None,
-                    })
-                    .unwrap_or(0);
-                out.push(Commit {
-                    sent,
-                    lsn,
-                    events: tx as u32,
-                });
-            }
+            c.batch_execute(
+                "CREATE TEMP TABLE IF NOT EXISTS bench_commits (t timestamptz, lsn pg_lsn, n int); \
+                 TRUNCATE bench_commits",
+            )
+            .await?;
+            let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[]).await?.get(0);
+            let cpu0 = crate::procstat::cpu_secs(pid as u32);
+            c.batch_execute(&call).await.context("bench_paced")?;
+            let cpu = crate::procstat::cpu_secs(pid as u32)
+                .zip(cpu0)
+                .map_or(0.0, |(b, a)| b - a);
+            let rows = c
+                .query(
+                    "SELECT (extract(epoch FROM t) * 1e6)::int8, (lsn - '0/0')::int8, n \
+                     FROM bench_commits",
+                    &[],
+                )
+                .await?;
+            let commits = rows
+                .iter()
+                .map(|r| Commit {
+                    sent_us: r.get(0),
+                    lsn: r.get::<_, i64>(1) as u64,
+                    events: r.get::<_, i32>(2) as u32,
+                })
+                .collect::<Vec<_>>();
+            Ok::<_, anyhow::Error>((commits, cpu))
         }));
     }
     let mut commits = Vec::new();
+    let mut writer_cpu_s = 0.0;
     for t in tasks {
-        commits.extend(t.await??);
+        let (c, cpu) = t.await??;
+        commits.extend(c);
+        writer_cpu_s += cpu;
     }
-    commits.sort_by_key(|c| c.sent);
+    commits.sort_by_key(|c| c.sent_us);
     let span = match (commits.first(), commits.last()) {
-        (Some(a), Some(b)) => (b.sent - a.sent).as_secs_f64() + interval.as_secs_f64(),
+        (Some(a), Some(b)) => (b.sent_us - a.sent_us) as f64 / 1e6 + interval,
         _ => 1.0,
-    };
-    let events = commits.len() as u64 * tx as u64;
+    }
+    .max(1e-3);
+    let events = commits.iter().map(|c| u64::from(c.events)).sum();
     Ok(Written {
         commits,
         first_version: first,
         events,
         achieved_rate: events as f64 / span,
+        writer_cpu_s,
     })
 }
 
 /// Samples a slot's confirmed LSN every `period` until stopped.
 pub struct ConfirmPoller {
     stop: Arc<AtomicBool>,
-    handle: tokio::task::JoinHandle<Result<Vec<(Instant, u64)>>>,
+    handle: tokio::task::JoinHandle<Result<Vec<(i64, u64)>>>,
 }
 
 impl ConfirmPoller {
@@ -156,15 +178,25 @@ impl ConfirmPoller {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !s.load(Ordering::Relaxed) {
                 tick.tick().await;
-                let (_, lsn) = world::slot_state(&c, &slot).await?;
-                samples.push((Instant::now(), lsn));
+                let row = c
+                    .query_one(
+                        "SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::int8, \
+                         (confirmed_flush_lsn - '0/0')::int8 FROM pg_replication_slots \
+                         WHERE slot_name = $1",
+                        &[&slot],
+                    )
+                    .await?;
+                samples.push((
+                    row.get::<_, i64>(0),
+                    row.get::<_, Option<i64>>(1).unwrap_or(0) as u64,
+                ));
             }
             Ok(samples)
         });
         Ok(Self { stop, handle })
     }
 
-    pub async fn finish(self) -> Result<Vec<(Instant, u64)>> {
+    pub async fn finish(self) -> Result<Vec<(i64, u64)>> {
         self.stop.store(true, Ordering::Relaxed);
         self.handle.await?
     }
@@ -172,14 +204,14 @@ impl ConfirmPoller {
 
 /// Latencies (ms, one entry per event) of `commits` against confirmed-LSN `samples`, and how
 /// many events were never covered.
-pub fn slot_latencies(commits: &[Commit], samples: &[(Instant, u64)]) -> (Vec<f64>, u64) {
+pub fn slot_latencies(commits: &[Commit], samples: &[(i64, u64)]) -> (Vec<f64>, u64) {
     let mut out = Vec::new();
     let mut unacked = 0;
     for c in commits {
         let i = samples.partition_point(|s| s.1 < c.lsn);
         match samples.get(i) {
             Some(&(t, _)) => {
-                let ms = t.saturating_duration_since(c.sent).as_secs_f64() * 1e3;
+                let ms = (t - c.sent_us).max(0) as f64 / 1e3;
                 out.resize(out.len() + c.events as usize, ms);
             }
             None => unacked += u64::from(c.events),
@@ -189,31 +221,20 @@ pub fn slot_latencies(commits: &[Commit], samples: &[(Instant, u64)]) -> (Vec<f6
 }
 
 /// Writes `offset_ms lsn latency_ms` per commit (debugging aid: where in a run the tail sits).
-pub fn dump(path: &str, commits: &[Commit], samples: &[(Instant, u64)]) -> Result<()> {
+pub fn dump(path: &str, commits: &[Commit], samples: &[(i64, u64)]) -> Result<()> {
     use std::io::Write;
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    let Some(t0) = commits.first().map(|c| c.sent) else {
+    let Some(t0) = commits.first().map(|c| c.sent_us) else {
         return Ok(());
     };
+    let ms = |a: i64, b: i64| (a - b) as f64 / 1e3;
     for c in commits {
         let i = samples.partition_point(|s| s.1 < c.lsn);
-        let ms = samples.get(i).map_or(-1.0, |s| {
-            s.0.saturating_duration_since(c.sent).as_secs_f64() * 1e3
-        });
-        writeln!(
-            f,
-            "{:.1} {:X} {ms:.1}",
-            (c.sent - t0).as_secs_f64() * 1e3,
-            c.lsn
-        )?;
+        let lat = samples.get(i).map_or(-1.0, |s| ms(s.0, c.sent_us));
+        writeln!(f, "{:.1} {:X} {lat:.1}", ms(c.sent_us, t0), c.lsn)?;
     }
     for s in samples {
-        writeln!(
-            f,
-            "# {:.1} {:X}",
-            s.0.saturating_duration_since(t0).as_secs_f64() * 1e3,
-            s.1
-        )?;
+        writeln!(f, "# {:.1} {:X}", ms(s.0, t0), s.1)?;
     }
     Ok(())
 }
@@ -221,6 +242,8 @@ pub fn dump(path: &str, commits: &[Commit], samples: &[(Instant, u64)]) -> Resul
 /// The polling relay running continuously, reporting each row's created_at→ack latency.
 pub struct PollingLive {
     pub pid: u32,
+    /// The polling relay's Postgres backend (its SELECT … FOR UPDATE and UPDATE run there).
+    pub backend_pid: Arc<std::sync::atomic::AtomicU32>,
     rx: mpsc::Receiver<(i64, f64)>,
     got: std::collections::HashMap<i64, f64>,
 }
@@ -242,11 +265,20 @@ impl PollingLive {
         let mut child = cmd.spawn().context("spawn polling relay")?;
         let out = child.stdout.take().context("stdout")?;
         let (tx, rx) = mpsc::channel();
+        let backend_pid = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let bp = backend_pid.clone();
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
                 let mut f = line.split_whitespace();
-                if f.next() != Some("L") {
-                    continue;
+                match f.next() {
+                    Some("L") => {}
+                    Some("P") => {
+                        if let Some(p) = f.next().and_then(|s| s.parse().ok()) {
+                            bp.store(p, Ordering::Relaxed);
+                        }
+                        continue;
+                    }
+                    _ => continue,
                 }
                 let v = f.next().and_then(|s| s.parse().ok());
                 let us = f.next().and_then(|s| s.parse::<f64>().ok());
@@ -259,6 +291,7 @@ impl PollingLive {
         });
         Ok(Self {
             pid: child.id(),
+            backend_pid,
             rx,
             got: Default::default(),
         })

@@ -25,5 +25,7 @@ pub mod latency;
 pub mod poll;
 pub mod procstat;
 pub mod report;
+pub mod report_latency;
+pub mod scrape;
 pub mod verify;
 pub mod world;

@@ -83,6 +83,10 @@ pub async fn run(a: PollArgs) -> Result<()> {
         .await?
         .get(0);
     let backend_cpu0 = procstat::cpu_secs(backend_pid as u32).unwrap_or(0.0);
+    if a.report_latency {
+        // The bench charges this backend's CPU to the polling relay (see latency::PollingLive).
+        println!("P {backend_pid}");
+    }
     let select = client.prepare(SELECT).await?;
     let mark = client.prepare(MARK).await?;
     let producer = producer(&a)?;

@@ -41,6 +41,18 @@ fn bench_smoke_completes_and_verifies_every_event() {
     let big = r["big_txn"].as_array().unwrap();
     let ob = big.iter().find(|x| x["contestant"] == "Outboxd").unwrap();
     assert_eq!(ob["verified"]["distinct"], ob["verified"]["expected"]);
-    assert!(r["latency"].as_array().is_some_and(|l| !l.is_empty()));
+    let lat = r["latency"].as_array().unwrap();
+    assert!(!lat.is_empty());
+    // The relay's own histogram was scraped and saw the point's transactions; the writers'
+    // capacity and every live process's CPU were measured.
+    let first = lat.iter().find(|p| p["contestant"] == "Outboxd").unwrap();
+    assert!(
+        first["relay_view"]["transactions"].as_u64().unwrap() > 0,
+        "{first}"
+    );
+    for k in ["writers", "walsender", "relay", "broker"] {
+        assert!(first["cpu"][k].as_f64().is_some(), "{k}: {first}");
+    }
+    assert!(r["write_capacity"]["rate"].as_f64().unwrap() > 0.0);
     assert!(std::fs::read_to_string(&chart).unwrap().starts_with("<svg"));
 }
