@@ -104,6 +104,25 @@ pub fn latency_svg(r: &Report) -> String {
         cx + 4.0,
         T + 12.0
     );
+    // What the machine can carry at all: live writes with nothing else running, and the
+    // live bound (writes + walsender + broker, a relay that costs nothing).
+    let mut marks = vec![];
+    if let Some(c) = r.write_capacity {
+        marks.push((c.rate, "write capacity"));
+    }
+    if let Some(b) = r.live_bound(Contestant::Outboxd) {
+        marks.push((b.max_rate, "live bound (CDC path)"));
+    }
+    for (i, (v, label)) in marks.iter().enumerate() {
+        let mx = x(*v);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{mx:.1}" x2="{mx:.1}" y1="{T}" y2="{}" stroke="#7a4fb4" stroke-dasharray="3 3"/><text x="{:.1}" y="{}" fill="#7a4fb4" font-size="11">{label}</text>"##,
+            H - B,
+            mx + 4.0,
+            T + 28.0 + 14.0 * i as f64
+        );
+    }
     let ty = y(50.0);
     let _ = writeln!(
         s,

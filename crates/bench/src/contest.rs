@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Contestant {
     /// `pg_recvlogical … -f /dev/null`: Postgres' own client, nothing done to the rows.
     CeilingRecvlogical,
@@ -53,7 +53,7 @@ impl Contestant {
 }
 
 /// One timed run.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RunResult {
     pub contestant: Contestant,
     pub events: u64,

@@ -40,7 +40,7 @@ pub struct Written {
 }
 
 /// Percentiles of one latency sample, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Percentiles {
     pub p50_ms: f64,
     pub p99_ms: f64,

@@ -18,6 +18,15 @@ struct Cli {
 enum Cmd {
     /// Start Postgres and a broker, run every contestant, print the report.
     Run(bench::Opts),
+    /// Re-render the Markdown and the chart of an earlier run from its JSON report.
+    Render {
+        #[arg(long)]
+        json: std::path::PathBuf,
+        #[arg(long)]
+        markdown: Option<std::path::PathBuf>,
+        #[arg(long)]
+        chart: Option<std::path::PathBuf>,
+    },
     /// (internal) The bare replication reader used as a ceiling.
     #[command(hide = true)]
     BareReader(bare::BareArgs),
@@ -43,6 +52,25 @@ fn main() -> anyhow::Result<()> {
         match cli.cmd {
             Cmd::BareReader(a) => bare::run(a).await,
             Cmd::PollRelay(a) => poll::run(a).await,
+            Cmd::Render {
+                json,
+                markdown,
+                chart: chart_path,
+            } => {
+                let report: outboxd_bench::report::Report = serde_json::from_slice(
+                    &std::fs::read(&json).with_context(|| json.display().to_string())?,
+                )?;
+                let md = report.markdown();
+                println!("{md}");
+                if let Some(p) = markdown {
+                    std::fs::write(&p, &md).with_context(|| p.display().to_string())?;
+                }
+                if let Some(p) = chart_path {
+                    std::fs::write(&p, chart::latency_svg(&report))
+                        .with_context(|| p.display().to_string())?;
+                }
+                Ok(())
+            }
             Cmd::Run(o) => {
                 let command = std::env::args().collect::<Vec<_>>().join(" ");
                 let (chart_path, json_path, md_path) =

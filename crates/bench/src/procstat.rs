@@ -107,7 +107,7 @@ pub fn terminate(pid: u32, grace: std::time::Duration) -> Result<Exit> {
 }
 
 /// Facts about this machine for the report.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Machine {
     pub cpu_model: String,
     pub cores: usize,

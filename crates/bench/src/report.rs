@@ -6,7 +6,7 @@ use crate::latency::{percentiles, Percentiles, Written};
 use crate::procstat::Machine;
 use std::fmt::Write as _;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     pub command: String,
     pub started_at: String,
@@ -27,7 +27,7 @@ pub struct Report {
     pub finished_in_s: f64,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Scenario {
     pub tx_size: usize,
     pub events: u64,
@@ -88,7 +88,7 @@ impl Scenario {
     }
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct LatencyPoint {
     pub contestant: Contestant,
     pub target_rate: f64,
@@ -108,7 +108,7 @@ pub struct LatencyPoint {
 }
 
 /// The machine's live write capacity: the latency phase's writers, back to back, nothing else.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct WriteCapacity {
     pub writers: usize,
     pub rate: f64,
@@ -116,7 +116,7 @@ pub struct WriteCapacity {
 }
 
 /// CPU µs per event of every process on the live path during one latency point.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct LiveCpu {
     pub writers: Option<f64>,
     pub walsender: Option<f64>,

@@ -46,7 +46,7 @@ pub fn parse(text: &str) -> Buckets {
 }
 
 /// What the relay measured during one latency point.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct RelayView {
     /// Transactions observed.
     pub transactions: u64,

@@ -8,7 +8,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Verified {
     pub expected: u64,
     /// Distinct events seen.

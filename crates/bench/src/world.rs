@@ -106,7 +106,7 @@ END $$;
 "#;
 
 /// Workload shape shared by every loader and writer.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Shape {
     pub tx_size: usize,
     pub payload_bytes: usize,

@@ -55,4 +55,19 @@ fn bench_smoke_completes_and_verifies_every_event() {
     }
     assert!(r["write_capacity"]["rate"].as_f64().unwrap() > 0.0);
     assert!(std::fs::read_to_string(&chart).unwrap().starts_with("<svg"));
+    // The JSON report renders again (docs can be regenerated without re-running).
+    let md = dir.path().join("again.md");
+    let st = Command::new(env!("CARGO_BIN_EXE_outboxd-bench"))
+        .args(["render", "--json"])
+        .arg(&json)
+        .arg("--markdown")
+        .arg(&md)
+        .output()
+        .expect("render");
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert!(std::fs::read_to_string(&md).unwrap().contains("Targets"));
 }
