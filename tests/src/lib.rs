@@ -433,6 +433,33 @@ pub async fn write_events(
     rollback: bool,
 ) -> Result<()> {
     let tx = c.transaction().await?;
+    insert_events(&tx, events).await?;
+    if rollback {
+        tx.rollback().await?;
+    } else {
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+/// Writes `events` in one committed transaction and returns `pg_current_wal_insert_lsn()` read
+/// inside it, after the inserts and before the commit: a slot confirmed at or past this
+/// position has acknowledged the transaction (WAL before it holds none of its events).
+pub async fn write_events_returning_lsn(
+    c: &mut tokio_postgres::Client,
+    events: &[NewEvent],
+) -> Result<u64> {
+    let tx = c.transaction().await?;
+    insert_events(&tx, events).await?;
+    let lsn: i64 = tx
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::int8", &[])
+        .await?
+        .get(0);
+    tx.commit().await?;
+    Ok(lsn as u64)
+}
+
+async fn insert_events(tx: &tokio_postgres::Transaction<'_>, events: &[NewEvent]) -> Result<()> {
     let stmt = tx
         .prepare(
             "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload) \
@@ -452,11 +479,6 @@ pub async fn write_events(
             ],
         )
         .await?;
-    }
-    if rollback {
-        tx.rollback().await?;
-    } else {
-        tx.commit().await?;
     }
     Ok(())
 }

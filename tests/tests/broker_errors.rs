@@ -28,7 +28,7 @@ fn delivered(bootstrap: &str, want: usize) -> anyhow::Result<BTreeSet<String>> {
     tpl.add_partition_offset(TOPIC, 0, Offset::Beginning)?;
     consumer.assign(&tpl)?;
     let mut ids = BTreeSet::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(90);
     while ids.len() < want && Instant::now() < deadline {
         if let Some(m) = consumer.poll(Duration::from_millis(100)) {
             let m = m?;
@@ -77,7 +77,16 @@ async fn parked(env: &Env) -> anyhow::Result<Vec<(String, String)>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retriable_errors_are_retried_and_never_park() -> anyhow::Result<()> {
-    let (env, mock, cfg) = setup("mock_transient").await?;
+    // The relay's log goes with the test's output, so a failure shows what the producer did.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
+    let (env, mock, mut cfg) = setup("mock_transient").await?;
+    // Errors librdkafka does not retry itself (throttling) end the session, which restarts from
+    // the slot with backoff; keep that backoff short so five injected errors fit the deadline
+    // on a loaded machine (a CI run once needed more than 30 s with the 5 s default).
+    cfg.relay.max_backoff_ms = 1_000;
     use RDKafkaRespErr::*;
     mock.request_errors(
         RDKafkaApiKey::Produce,
