@@ -2,10 +2,8 @@
 //! fixed offered loads, and one very large transaction; then the report.
 
 use crate::contest::{self, Contestant, RunCfg, RunResult};
-use crate::latency::{self, ConfirmPoller, PollingLive};
-use crate::procstat::CpuSnap;
-use crate::report::{LatencyPoint, LiveCpu, Report, Scenario, WriteCapacity};
-use crate::scrape;
+use crate::latency;
+use crate::report::{LiveCpu, Report, Scenario, WriteCapacity};
 use crate::verify::verify_topic;
 use crate::world::{self, Shape, World, AGG_TYPE};
 use anyhow::{bail, Context, Result};
@@ -53,6 +51,11 @@ pub struct Opts {
     /// commit back to back, i.e. closed loop at the highest rate the machine sustains.
     #[arg(long)]
     pub max_rate: Option<f64>,
+    /// One more latency point at this fraction of the ceiling with a consumer reading the
+    /// topic: commit→consumer latency (0: none). Kept out of the sweep because the consumer
+    /// competes with the relay for CPU.
+    #[arg(long, default_value_t = 0.1)]
+    pub consumer_at: f64,
     /// Seconds of writing per latency point.
     #[arg(long, default_value_t = 5.0)]
     pub latency_secs: f64,
@@ -115,7 +118,7 @@ impl Opts {
         }
     }
 
-    fn shape(&self, tx_size: usize) -> Shape {
+    pub(crate) fn shape(&self, tx_size: usize) -> Shape {
         Shape {
             tx_size,
             payload_bytes: self.payload_bytes,
@@ -143,7 +146,7 @@ fn env_pairs(kvs: &[String]) -> Vec<(String, String)> {
         .collect()
 }
 
-fn log(msg: impl AsRef<str>) {
+pub(crate) fn log(msg: impl AsRef<str>) {
     eprintln!(
         "[bench {}] {}",
         chrono::Local::now().format("%H:%M:%S"),
@@ -196,6 +199,7 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
         latency_tx_size: o.tx_sizes[0],
         latency_ceiling: 0.0,
         latency: vec![],
+        consumer_points: vec![],
         write_capacity: None,
         big_txn: vec![],
         finished_in_s: 0.0,
@@ -217,7 +221,16 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
     }
     if !o.skip_latency {
         report.write_capacity = Some(write_capacity(&mut w, &o).await?);
-        report.latency = latency_phase(&mut w, &o, &cfg, &rates).await?;
+        // The smoke run's rate is fixed: it checks the machinery, not the machine.
+        let consumer_at = if o.smoke {
+            Some((2_000.0, None))
+        } else {
+            (o.consumer_at > 0.0).then_some((o.consumer_at * ceiling, Some(o.consumer_at)))
+        };
+        let (points, with_consumer) =
+            crate::bench_latency::latency_phase(&mut w, &o, &cfg, &rates, consumer_at).await?;
+        report.latency = points;
+        report.consumer_points = with_consumer;
     }
     if o.big_txn_rows > 0 {
         report.big_txn = big_txn(&mut w, &o, &cfg).await?;
@@ -363,159 +376,8 @@ async fn write_capacity(w: &mut World, o: &Opts) -> Result<WriteCapacity> {
     Ok(cap)
 }
 
-fn verify_timeout(n: u64) -> Duration {
+pub(crate) fn verify_timeout(n: u64) -> Duration {
     Duration::from_secs(60 + n / 5_000)
-}
-
-async fn latency_phase(
-    w: &mut World,
-    o: &Opts,
-    cfg: &RunCfg,
-    rates: &[(f64, Option<f64>)],
-) -> Result<Vec<LatencyPoint>> {
-    let shape = o.shape(o.tx_sizes[0]);
-    let mut points = vec![];
-    w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.partitions)
-        .await?;
-    let mut relays = vec![Contestant::Outboxd];
-    if !o.variant_env.is_empty() {
-        relays.push(Contestant::OutboxdVariant);
-    }
-    for k in relays {
-        points.extend(latency_relay(w, o, cfg, k, rates).await?);
-    }
-    if o.skip_polling {
-        return Ok(points);
-    }
-    w.sql()
-        .await?
-        .batch_execute("TRUNCATE outbox_poll RESTART IDENTITY")
-        .await?;
-    let mut live = PollingLive::start(w, &format!("poll.lat.{AGG_TYPE}"), cfg)?;
-    let warm = latency::open_loop(w, "outbox_poll", Some(2_000.0), 0.25, shape, 1).await?;
-    live.collect(warm.first_version, warm.events, Duration::from_secs(30));
-    let backend = live.backend_pid.load(std::sync::atomic::Ordering::Relaxed);
-    let pids = [
-        Some(live.pid),
-        (backend > 0).then_some(backend),
-        w.broker_pid,
-    ];
-    for &(rate, fraction) in rates {
-        let cpu0 = CpuSnap::take(&pids);
-        let written = latency::open_loop(
-            w,
-            "outbox_poll",
-            Some(rate),
-            o.latency_secs,
-            shape,
-            o.writers,
-        )
-        .await?;
-        let (lat, missing) = live.collect(
-            written.first_version,
-            written.events,
-            Duration::from_secs(30),
-        );
-        let mut p = LatencyPoint::new(Contestant::Polling, rate, fraction, &written, lat, missing);
-        let cpu = cpu0.delta(&CpuSnap::take(&pids));
-        // The polling relay's backend stands where the walsender stands for outboxd.
-        p.cpu = LiveCpu::of(&written, cpu[0], cpu[1], cpu[2]);
-        log(p.line());
-        let saturated = p.saturated;
-        points.push(p);
-        if saturated {
-            break;
-        }
-    }
-    live.stop()?;
-    Ok(points)
-}
-
-/// One relay process (fresh slot) for all offered loads, after a warm-up.
-async fn latency_relay(
-    w: &mut World,
-    o: &Opts,
-    cfg: &RunCfg,
-    kind: Contestant,
-    rates: &[(f64, Option<f64>)],
-) -> Result<Vec<LatencyPoint>> {
-    let shape = o.shape(o.tx_sizes[0]);
-    let mut points = vec![];
-    let slot = format!("{}_lat", kind.tag());
-    let topic = format!("{}.lat.{AGG_TYPE}", kind.tag());
-    w.create_slot(&slot).await?;
-    w.create_topics(std::slice::from_ref(&topic), o.partitions)
-        .await?;
-    let sql = w.sql().await?;
-    let log_path = w.dir.path().join(format!("{slot}.log"));
-    let tpl = format!("{}.lat.{{aggregate_type}}", kind.tag());
-    let mut cmd = contest::slot_command(w, kind, &slot, 0, &tpl, cfg)?;
-    // The relay's own commit→ack histogram (see `scrape`): production runs with metrics on.
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    cmd.env(
-        "OUTBOXD_METRICS_LISTEN",
-        format!("127.0.0.1:{metrics_port}"),
-    );
-    let pid = contest::spawn(&mut cmd, &log_path)?;
-    contest::wait_active(&sql, &slot, pid, &log_path).await?;
-    let walsender = world::slot_state(&sql, &slot).await?.0.map(|p| p as u32);
-    let pids = [Some(pid), walsender, w.broker_pid];
-    // Warm-up: the relay's first delivery pays for broker metadata and the producer id
-    // (about a second on tansu); that is start-up, not commit→ack latency.
-    let warm = latency::open_loop(w, "outbox", Some(2_000.0), 0.25, shape, 1).await?;
-    let warm_lsn = warm.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while world::slot_state(&sql, &slot).await?.1 < warm_lsn && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let (first, mut total) = (warm.first_version, warm.events);
-    for &(rate, fraction) in rates {
-        let hist0 = scrape::commit_to_ack(metrics_port)?;
-        let cpu0 = CpuSnap::take(&pids);
-        let poller =
-            ConfirmPoller::start(w, &slot, Duration::from_millis(o.confirm_poll_ms)).await?;
-        let written =
-            latency::open_loop(w, "outbox", Some(rate), o.latency_secs, shape, o.writers).await?;
-        total += written.events;
-        let target = written.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while world::slot_state(&sql, &slot).await?.1 < target && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let samples = poller.finish().await?;
-        let cpu = cpu0.delta(&CpuSnap::take(&pids));
-        let relay_view = scrape::commit_to_ack(metrics_port)?.since(&hist0);
-        let (lat, unacked) = latency::slot_latencies(&written.commits, &samples);
-        if let Ok(path) = std::env::var("BENCH_DUMP_LATENCY") {
-            latency::dump(&path, &written.commits, &samples)?;
-        }
-        let mut p = LatencyPoint::new(kind, rate, fraction, &written, lat, unacked);
-        p.relay_view = Some(relay_view);
-        p.cpu = LiveCpu::of(&written, cpu[0], cpu[1], cpu[2]);
-        log(p.line());
-        let saturated = p.saturated;
-        points.push(p);
-        if saturated {
-            break;
-        }
-    }
-    let rss = crate::procstat::peak_rss_kib(pid);
-    crate::procstat::terminate(pid, Duration::from_secs(30))?;
-    w.drop_slot(&slot).await?;
-    for p in points.iter_mut() {
-        p.peak_rss_kib = rss;
-    }
-    let v = verify_topic(&w.bootstrap(), &topic, first, total, verify_timeout(total))?;
-    // Concurrent writers commit versions out of order, so only completeness is checked.
-    if v.distinct != v.expected {
-        bail!("{} latency run failed verification: {v:?}", kind.label());
-    }
-    if let Some(last) = points.last_mut() {
-        last.verified = Some(v);
-    }
-    Ok(points)
 }
 
 /// One transaction of `big_txn_rows` rows: the ceiling reader and outboxd, once each; outboxd's

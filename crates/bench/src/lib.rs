@@ -8,7 +8,9 @@
 //! - **polling**: a `FOR UPDATE SKIP LOCKED` relay, written fairly.
 //!
 //! # Layout
-//! - [`bench`]: the phases (throughput per tx size, latency sweep, one huge transaction).
+//! - [`bench`]: the phases (throughput per tx size, latency sweep, one huge transaction);
+//!   [`bench_latency`]: the latency phase.
+//! - [`consume`]: the commit→consumer point's consumer.
 //! - [`world`]: Postgres, broker, tables, server-side loaders.
 //! - [`contest`]: timed runs of each contestant as its own process.
 //! - [`bare`], [`poll`]: the bare reader and the polling relay (hidden subcommands).
@@ -19,7 +21,9 @@
 
 pub mod bare;
 pub mod bench;
+pub mod bench_latency;
 pub mod chart;
+pub mod consume;
 pub mod contest;
 pub mod latency;
 pub mod poll;

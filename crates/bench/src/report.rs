@@ -22,6 +22,9 @@ pub struct Report {
     /// The ceiling rate the latency phase's offered loads are fractions of.
     pub latency_ceiling: f64,
     pub latency: Vec<LatencyPoint>,
+    /// Points measured with a consumer reading the topic (`--consumer-at`); not in the sweep.
+    #[serde(default)]
+    pub consumer_points: Vec<LatencyPoint>,
     pub write_capacity: Option<WriteCapacity>,
     pub big_txn: Vec<RunResult>,
     pub finished_in_s: f64,
@@ -105,6 +108,9 @@ pub struct LatencyPoint {
     /// The relay's own histogram over this point (outboxd only).
     pub relay_view: Option<crate::scrape::RelayView>,
     pub cpu: LiveCpu,
+    /// Commit→consumer latency, for points measured with a consumer.
+    #[serde(default)]
+    pub consumer_view: Option<crate::consume::ConsumerView>,
 }
 
 /// The machine's live write capacity: the latency phase's writers, back to back, nothing else.
@@ -173,7 +179,21 @@ impl LatencyPoint {
             verified: None,
             relay_view: None,
             cpu: LiveCpu::default(),
+            consumer_view: None,
         }
+    }
+
+    pub fn consumer_line(&self) -> String {
+        let c = self.consumer_view.unwrap_or_default();
+        format!(
+            "{}; commit→consumer p50 {:.1} ms p99 {:.1} ms max {:.1} ms ({} read, {} missing)",
+            self.line(),
+            c.latency.p50_ms,
+            c.latency.p99_ms,
+            c.latency.max_ms,
+            c.read,
+            c.missing
+        )
     }
 
     pub fn line(&self) -> String {

@@ -211,5 +211,45 @@ impl Report {
             );
         }
         let _ = writeln!(w);
+        self.consumer_markdown(w);
+    }
+
+    fn consumer_markdown(&self, w: &mut String) {
+        if self.consumer_points.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            w,
+            "Commit→consumer: one more point per contestant with a consumer reading the topic \
+             (assigned at the end of every partition, `fetch.wait.max.ms` = 10); latency = read \
+             time − record timestamp (the row's `created_at`; whole ms, so 0–1 ms late).\n\n\
+             | contestant | offered events/s | of ceiling | achieved | commit→ack p50 / p99 / max ms | commit→consumer p50 / p99 / max ms | read / missing | CPU µs/event: writers / walsender (polling: its backend) / relay / broker |\n|---|---|---|---|---|---|---|---|"
+        );
+        for p in &self.consumer_points {
+            let c = p.consumer_view.unwrap_or_default();
+            let (l, cl, cpu) = (&p.latency, &c.latency, &p.cpu);
+            let _ = writeln!(
+                w,
+                "| {} | {:.0} | {} | {:.0} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} | {} / {} | {} / {} / {} / {} |",
+                p.contestant.label(),
+                p.target_rate,
+                p.fraction_of_ceiling
+                    .map_or("–".into(), |f| format!("{:.1}%", f * 100.0)),
+                p.achieved_rate,
+                l.p50_ms,
+                l.p99_ms,
+                l.max_ms,
+                cl.p50_ms,
+                cl.p99_ms,
+                cl.max_ms,
+                c.read,
+                c.missing,
+                opt(cpu.writers, 1),
+                opt(cpu.walsender, 1),
+                opt(cpu.relay, 1),
+                opt(cpu.broker, 1),
+            );
+        }
+        let _ = writeln!(w);
     }
 }

@@ -54,6 +54,16 @@ fn bench_smoke_completes_and_verifies_every_event() {
         assert!(first["cpu"][k].as_f64().is_some(), "{k}: {first}");
     }
     assert!(r["write_capacity"]["rate"].as_f64().unwrap() > 0.0);
+    let with_consumer = r["consumer_points"].as_array().unwrap();
+    for who in ["Outboxd", "Polling"] {
+        let p = with_consumer
+            .iter()
+            .find(|p| p["contestant"] == who)
+            .unwrap_or_else(|| panic!("no {who} consumer point"));
+        let c = &p["consumer_view"];
+        assert_eq!(c["missing"], 0, "{who}: {p}");
+        assert_eq!(c["read"], p["events"], "{who}: {p}");
+    }
     assert!(std::fs::read_to_string(&chart).unwrap().starts_with("<svg"));
     // The JSON report renders again (docs can be regenerated without re-running).
     let md = dir.path().join("again.md");

@@ -1,0 +1,249 @@
+//! The latency phase: one relay process per contestant, each offered load in turn (open loop),
+//! then one point at `--consumer-at` with a consumer reading the topic (commit→consumer).
+
+use crate::bench::{log, verify_timeout, Opts};
+use crate::consume::LiveConsumer;
+use crate::contest::{self, Contestant, RunCfg};
+use crate::latency::{self, ConfirmPoller, PollingLive, Written};
+use crate::procstat::CpuSnap;
+use crate::report::{LatencyPoint, LiveCpu};
+use crate::scrape;
+use crate::verify::verify_topic;
+use crate::world::{self, World, AGG_TYPE};
+use anyhow::{bail, Result};
+use std::time::{Duration, Instant};
+
+/// An offered load: events/s and, when given as one, the fraction of the ceiling.
+pub type Load = (f64, Option<f64>);
+
+/// The sweep's points, then the consumer points (in that order, per contestant).
+pub async fn latency_phase(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    rates: &[Load],
+    consumer_at: Option<Load>,
+) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
+    let (mut points, mut with_consumer) = (vec![], vec![]);
+    w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.partitions)
+        .await?;
+    let mut relays = vec![Contestant::Outboxd];
+    if !o.variant_env.is_empty() {
+        relays.push(Contestant::OutboxdVariant);
+    }
+    for k in relays {
+        let (p, c) = latency_relay(w, o, cfg, k, rates, consumer_at).await?;
+        points.extend(p);
+        with_consumer.extend(c);
+    }
+    if !o.skip_polling {
+        let (p, c) = latency_polling(w, o, cfg, rates, consumer_at).await?;
+        points.extend(p);
+        with_consumer.extend(c);
+    }
+    Ok((points, with_consumer))
+}
+
+async fn latency_polling(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    rates: &[Load],
+    consumer_at: Option<Load>,
+) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let topic = format!("poll.lat.{AGG_TYPE}");
+    w.sql()
+        .await?
+        .batch_execute("TRUNCATE outbox_poll RESTART IDENTITY")
+        .await?;
+    let mut live = PollingLive::start(w, &topic, cfg)?;
+    let warm = latency::open_loop(w, "outbox_poll", Some(2_000.0), 0.25, shape, 1).await?;
+    live.collect(warm.first_version, warm.events, Duration::from_secs(30));
+    let backend = live.backend_pid.load(std::sync::atomic::Ordering::Relaxed);
+    let pids = [
+        Some(live.pid),
+        (backend > 0).then_some(backend),
+        w.broker_pid,
+    ];
+    let mut points = vec![];
+    for &load in rates {
+        let (p, _) = polling_point(w, o, &mut live, &pids, load).await?;
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
+    }
+    let mut with_consumer = vec![];
+    if let Some(load) = consumer_at {
+        let c = LiveConsumer::start(&w.bootstrap(), &topic)?;
+        let (mut p, written) = polling_point(w, o, &mut live, &pids, load).await?;
+        p.consumer_view = Some(c.finish(
+            written.first_version,
+            written.events,
+            Duration::from_secs(30),
+        )?);
+        log(p.consumer_line());
+        with_consumer.push(p);
+    }
+    live.stop()?;
+    Ok((points, with_consumer))
+}
+
+async fn polling_point(
+    w: &mut World,
+    o: &Opts,
+    live: &mut PollingLive,
+    pids: &[Option<u32>; 3],
+    (rate, fraction): Load,
+) -> Result<(LatencyPoint, Written)> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let cpu0 = CpuSnap::take(pids);
+    let written = latency::open_loop(
+        w,
+        "outbox_poll",
+        Some(rate),
+        o.latency_secs,
+        shape,
+        o.writers,
+    )
+    .await?;
+    let (lat, missing) = live.collect(
+        written.first_version,
+        written.events,
+        Duration::from_secs(30),
+    );
+    let mut p = LatencyPoint::new(Contestant::Polling, rate, fraction, &written, lat, missing);
+    let cpu = cpu0.delta(&CpuSnap::take(pids));
+    // The polling relay's backend stands where the walsender stands for outboxd.
+    p.cpu = LiveCpu::of(&written, cpu[0], cpu[1], cpu[2]);
+    log(p.line());
+    Ok((p, written))
+}
+
+/// What one relay process's points share.
+struct RelayRun<'a> {
+    kind: Contestant,
+    sql: &'a tokio_postgres::Client,
+    slot: &'a str,
+    metrics_port: u16,
+    pids: [Option<u32>; 3],
+}
+
+/// One relay process (fresh slot) for all offered loads, after a warm-up.
+async fn latency_relay(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    kind: Contestant,
+    rates: &[Load],
+    consumer_at: Option<Load>,
+) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let slot = format!("{}_lat", kind.tag());
+    let topic = format!("{}.lat.{AGG_TYPE}", kind.tag());
+    w.create_slot(&slot).await?;
+    w.create_topics(std::slice::from_ref(&topic), o.partitions)
+        .await?;
+    let sql = w.sql().await?;
+    let log_path = w.dir.path().join(format!("{slot}.log"));
+    let tpl = format!("{}.lat.{{aggregate_type}}", kind.tag());
+    let mut cmd = contest::slot_command(w, kind, &slot, 0, &tpl, cfg)?;
+    // The relay's own commit→ack histogram (see `scrape`): production runs with metrics on.
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    cmd.env(
+        "OUTBOXD_METRICS_LISTEN",
+        format!("127.0.0.1:{metrics_port}"),
+    );
+    let pid = contest::spawn(&mut cmd, &log_path)?;
+    contest::wait_active(&sql, &slot, pid, &log_path).await?;
+    let walsender = world::slot_state(&sql, &slot).await?.0.map(|p| p as u32);
+    let run = RelayRun {
+        kind,
+        sql: &sql,
+        slot: &slot,
+        metrics_port,
+        pids: [Some(pid), walsender, w.broker_pid],
+    };
+    // Warm-up: the relay's first delivery pays for broker metadata and the producer id
+    // (about a second on tansu); that is start-up, not commit→ack latency.
+    let warm = latency::open_loop(w, "outbox", Some(2_000.0), 0.25, shape, 1).await?;
+    let warm_lsn = warm.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while world::slot_state(&sql, &slot).await?.1 < warm_lsn && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (first, mut total) = (warm.first_version, warm.events);
+    let mut points = vec![];
+    for &load in rates {
+        let (p, written) = relay_point(w, o, &run, load).await?;
+        total += written.events;
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
+    }
+    let mut with_consumer = vec![];
+    if let Some(load) = consumer_at {
+        let c = LiveConsumer::start(&w.bootstrap(), &topic)?;
+        let (mut p, written) = relay_point(w, o, &run, load).await?;
+        total += written.events;
+        p.consumer_view = Some(c.finish(
+            written.first_version,
+            written.events,
+            Duration::from_secs(30),
+        )?);
+        log(p.consumer_line());
+        with_consumer.push(p);
+    }
+    let rss = crate::procstat::peak_rss_kib(pid);
+    crate::procstat::terminate(pid, Duration::from_secs(30))?;
+    w.drop_slot(&slot).await?;
+    for p in points.iter_mut().chain(with_consumer.iter_mut()) {
+        p.peak_rss_kib = rss;
+    }
+    let v = verify_topic(&w.bootstrap(), &topic, first, total, verify_timeout(total))?;
+    // Concurrent writers commit versions out of order, so only completeness is checked.
+    if v.distinct != v.expected {
+        bail!("{} latency run failed verification: {v:?}", kind.label());
+    }
+    if let Some(last) = points.last_mut() {
+        last.verified = Some(v);
+    }
+    Ok((points, with_consumer))
+}
+
+async fn relay_point(
+    w: &mut World,
+    o: &Opts,
+    r: &RelayRun<'_>,
+    (rate, fraction): Load,
+) -> Result<(LatencyPoint, Written)> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let hist0 = scrape::commit_to_ack(r.metrics_port)?;
+    let cpu0 = CpuSnap::take(&r.pids);
+    let poller = ConfirmPoller::start(w, r.slot, Duration::from_millis(o.confirm_poll_ms)).await?;
+    let written =
+        latency::open_loop(w, "outbox", Some(rate), o.latency_secs, shape, o.writers).await?;
+    let target = written.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while world::slot_state(r.sql, r.slot).await?.1 < target && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let samples = poller.finish().await?;
+    let cpu = cpu0.delta(&CpuSnap::take(&r.pids));
+    let relay_view = scrape::commit_to_ack(r.metrics_port)?.since(&hist0);
+    let (lat, unacked) = latency::slot_latencies(&written.commits, &samples);
+    if let Ok(path) = std::env::var("BENCH_DUMP_LATENCY") {
+        latency::dump(&path, &written.commits, &samples)?;
+    }
+    let mut p = LatencyPoint::new(r.kind, rate, fraction, &written, lat, unacked);
+    p.relay_view = Some(relay_view);
+    p.cpu = LiveCpu::of(&written, cpu[0], cpu[1], cpu[2]);
+    log(p.line());
+    Ok((p, written))
+}

@@ -1,0 +1,114 @@
+//! Commit→consumer latency: what an application reading the topic sees.
+//!
+//! Measured at one offered load only, in a point of its own, because a consumer on this 2-core
+//! box competes with the relay for CPU (the timed throughput runs and the sweep run without
+//! one). The consumer is assigned every partition at its current end and reads with a short
+//! fetch wait, as a latency-sensitive application would. An event's latency is the time it was
+//! read minus its record timestamp, which both relays set to the row's `created_at`
+//! (`clock_timestamp()` at the INSERT, same host clock). Kafka timestamps are whole
+//! milliseconds, so the figure is late by 0–1 ms.
+
+use anyhow::{bail, Context, Result};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Commit→consumer latency of one point.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
+pub struct ConsumerView {
+    pub latency: crate::latency::Percentiles,
+    /// Events of the point the consumer read.
+    pub read: u64,
+    /// Events of the point the consumer had not read 30 s after the writers stopped.
+    pub missing: u64,
+}
+
+/// A consumer reading `topic` on its own thread, keeping each version's latency (ms).
+pub struct LiveConsumer {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<Result<HashMap<i64, f64>>>,
+    seen: Arc<std::sync::atomic::AtomicU64>,
+}
+
+fn now_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+impl LiveConsumer {
+    /// Starts reading at the current end of every partition (nothing written before counts).
+    pub fn start(bootstrap: &str, topic: &str) -> Result<Self> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", format!("bench-live-{}", std::process::id()))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .set("fetch.wait.max.ms", "10")
+            .create()?;
+        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
+        let partitions = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
+        if partitions == 0 {
+            bail!("topic {topic} has no partitions");
+        }
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            let (_, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .with_context(|| format!("watermarks of {topic}/{p}"))?;
+            tpl.add_partition_offset(topic, p, Offset::Offset(high))?;
+        }
+        consumer.assign(&tpl)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let handle = std::thread::spawn(move || {
+            let mut got = HashMap::new();
+            while !stop2.load(Ordering::Relaxed) {
+                let Some(m) = consumer.poll(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let m = m?;
+                let at = now_ms();
+                let version = m
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == "aggregate_version"))
+                    .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse::<i64>().ok());
+                let (Some(v), Some(ts)) = (version, m.timestamp().to_millis()) else {
+                    bail!("record without aggregate_version or timestamp");
+                };
+                got.entry(v).or_insert(at - ts as f64);
+                seen2.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(got)
+        });
+        Ok(Self { stop, handle, seen })
+    }
+
+    /// Latencies of versions `first..first+n`, waiting up to `timeout` for all of them.
+    pub fn finish(self, first: i64, n: u64, timeout: Duration) -> Result<ConsumerView> {
+        let deadline = Instant::now() + timeout;
+        // Duplicates would count twice here; the final figure below counts versions.
+        while self.seen.load(Ordering::Relaxed) < n && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        let got = self
+            .handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("consumer thread panicked"))??;
+        let lat: Vec<f64> = (first..first + n as i64)
+            .filter_map(|v| got.get(&v).copied())
+            .collect();
+        Ok(ConsumerView {
+            read: lat.len() as u64,
+            missing: n - lat.len() as u64,
+            latency: crate::latency::percentiles(lat),
+        })
+    }
+}
