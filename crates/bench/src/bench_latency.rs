@@ -1,5 +1,6 @@
-//! The latency phase: one relay process per contestant, each offered load in turn (open loop),
-//! then one point at `--consumer-at` with a consumer reading the topic (commit→consumer).
+//! The latency phase: one relay process per contestant; after a warm-up, one point at
+//! `--consumer-at` with a consumer reading the topic (commit→consumer), then each offered load
+//! of the sweep in turn (open loop, no consumer).
 
 use crate::bench::{log, verify_timeout, Opts};
 use crate::consume::LiveConsumer;
@@ -66,15 +67,7 @@ async fn latency_polling(
         (backend > 0).then_some(backend),
         w.broker_pid,
     ];
-    let mut points = vec![];
-    for &load in rates {
-        let (p, _) = polling_point(w, o, &mut live, &pids, load).await?;
-        let saturated = p.saturated;
-        points.push(p);
-        if saturated {
-            break;
-        }
-    }
+    // First, as for the relays.
     let mut with_consumer = vec![];
     if let Some(load) = consumer_at {
         let c = LiveConsumer::start(&w.bootstrap(), &topic)?;
@@ -86,6 +79,15 @@ async fn latency_polling(
         )?);
         log(p.consumer_line());
         with_consumer.push(p);
+    }
+    let mut points = vec![];
+    for &load in rates {
+        let (p, _) = polling_point(w, o, &mut live, &pids, load).await?;
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
     }
     live.stop()?;
     Ok((points, with_consumer))
@@ -177,16 +179,8 @@ async fn latency_relay(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (first, mut total) = (warm.first_version, warm.events);
-    let mut points = vec![];
-    for &load in rates {
-        let (p, written) = relay_point(w, o, &run, load).await?;
-        total += written.events;
-        let saturated = p.saturated;
-        points.push(p);
-        if saturated {
-            break;
-        }
-    }
+    // The consumer point comes first, while the topic is short: tansu's fetches (memory
+    // storage) cost more the longer the topic, which would charge the broker, not the relay.
     let mut with_consumer = vec![];
     if let Some(load) = consumer_at {
         let c = LiveConsumer::start(&w.bootstrap(), &topic)?;
@@ -199,6 +193,16 @@ async fn latency_relay(
         )?);
         log(p.consumer_line());
         with_consumer.push(p);
+    }
+    let mut points = vec![];
+    for &load in rates {
+        let (p, written) = relay_point(w, o, &run, load).await?;
+        total += written.events;
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
     }
     let rss = crate::procstat::peak_rss_kib(pid);
     crate::procstat::terminate(pid, Duration::from_secs(30))?;

@@ -14,7 +14,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -28,11 +28,11 @@ pub struct ConsumerView {
     pub missing: u64,
 }
 
-/// A consumer reading `topic` on its own thread, keeping each version's latency (ms).
+/// A consumer reading `topic` on its own thread, reporting each version's latency (ms).
 pub struct LiveConsumer {
     stop: Arc<AtomicBool>,
-    handle: JoinHandle<Result<HashMap<i64, f64>>>,
-    seen: Arc<std::sync::atomic::AtomicU64>,
+    handle: JoinHandle<Result<()>>,
+    rx: mpsc::Receiver<(i64, f64)>,
 }
 
 fn now_ms() -> f64 {
@@ -65,10 +65,9 @@ impl LiveConsumer {
         }
         consumer.assign(&tpl)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (stop2, seen2) = (stop.clone(), seen.clone());
+        let (tx, rx) = mpsc::channel();
+        let stop2 = stop.clone();
         let handle = std::thread::spawn(move || {
-            let mut got = HashMap::new();
             while !stop2.load(Ordering::Relaxed) {
                 let Some(m) = consumer.poll(Duration::from_millis(50)) else {
                     continue;
@@ -82,24 +81,33 @@ impl LiveConsumer {
                 let (Some(v), Some(ts)) = (version, m.timestamp().to_millis()) else {
                     bail!("record without aggregate_version or timestamp");
                 };
-                got.entry(v).or_insert(at - ts as f64);
-                seen2.fetch_add(1, Ordering::Relaxed);
+                if tx.send((v, at - ts as f64)).is_err() {
+                    break;
+                }
             }
-            Ok(got)
+            Ok(())
         });
-        Ok(Self { stop, handle, seen })
+        Ok(Self { stop, handle, rx })
     }
 
     /// Latencies of versions `first..first+n`, waiting up to `timeout` for all of them.
     pub fn finish(self, first: i64, n: u64, timeout: Duration) -> Result<ConsumerView> {
         let deadline = Instant::now() + timeout;
-        // Duplicates would count twice here; the final figure below counts versions.
-        while self.seen.load(Ordering::Relaxed) < n && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
+        let mut got: HashMap<i64, f64> = HashMap::new();
+        let range = first..first + n as i64;
+        while (got.len() as u64) < n && Instant::now() < deadline {
+            match self.rx.recv_timeout(Duration::from_millis(100)) {
+                // The first copy counts; anything outside the point is ignored.
+                Ok((v, ms)) if range.contains(&v) => {
+                    got.entry(v).or_insert(ms);
+                }
+                Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
         }
         self.stop.store(true, Ordering::Relaxed);
-        let got = self
-            .handle
+        drop(self.rx);
+        self.handle
             .join()
             .map_err(|_| anyhow::anyhow!("consumer thread panicked"))??;
         let lat: Vec<f64> = (first..first + n as i64)
