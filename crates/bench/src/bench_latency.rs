@@ -71,14 +71,8 @@ async fn latency_polling(
     let mut with_consumer = vec![];
     if let Some(load) = consumer_at {
         let c = LiveConsumer::start(&w.bootstrap(), &topic)?;
-        let (mut p, written) = polling_point(w, o, &mut live, &pids, load).await?;
-        p.consumer_view = Some(c.finish(
-            written.first_version,
-            written.events,
-            Duration::from_secs(30),
-        )?);
-        log(p.consumer_line());
-        with_consumer.push(p);
+        let (p, written) = polling_point(w, o, &mut live, &pids, load).await?;
+        with_consumer.push(consumer_view(p, c, &written)?);
     }
     let mut points = vec![];
     for &load in rates {
@@ -91,6 +85,13 @@ async fn latency_polling(
     }
     live.stop()?;
     Ok((points, with_consumer))
+}
+
+/// Adds what the consumer read of the point's events.
+fn consumer_view(mut p: LatencyPoint, c: LiveConsumer, written: &Written) -> Result<LatencyPoint> {
+    p.consumer_view = Some(c.finish(written)?);
+    log(p.consumer_line());
+    Ok(p)
 }
 
 async fn polling_point(
@@ -184,15 +185,9 @@ async fn latency_relay(
     let mut with_consumer = vec![];
     if let Some(load) = consumer_at {
         let c = LiveConsumer::start(&w.bootstrap(), &topic)?;
-        let (mut p, written) = relay_point(w, o, &run, load).await?;
+        let (p, written) = relay_point(w, o, &run, load).await?;
         total += written.events;
-        p.consumer_view = Some(c.finish(
-            written.first_version,
-            written.events,
-            Duration::from_secs(30),
-        )?);
-        log(p.consumer_line());
-        with_consumer.push(p);
+        with_consumer.push(consumer_view(p, c, &written)?);
     }
     let mut points = vec![];
     for &load in rates {

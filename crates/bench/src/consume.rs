@@ -35,12 +35,6 @@ pub struct LiveConsumer {
     rx: mpsc::Receiver<(i64, f64)>,
 }
 
-fn now_ms() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
-
 impl LiveConsumer {
     /// Starts reading at the current end of every partition (nothing written before counts).
     pub fn start(bootstrap: &str, topic: &str) -> Result<Self> {
@@ -73,7 +67,7 @@ impl LiveConsumer {
                     continue;
                 };
                 let m = m?;
-                let at = now_ms();
+                let at = crate::latency::unix_secs() * 1e3;
                 let version = m
                     .headers()
                     .and_then(|h| h.iter().find(|h| h.key == "aggregate_version"))
@@ -90,9 +84,10 @@ impl LiveConsumer {
         Ok(Self { stop, handle, rx })
     }
 
-    /// Latencies of versions `first..first+n`, waiting up to `timeout` for all of them.
-    pub fn finish(self, first: i64, n: u64, timeout: Duration) -> Result<ConsumerView> {
-        let deadline = Instant::now() + timeout;
+    /// Latencies of the events `written`, waiting up to 30 s for all of them.
+    pub fn finish(self, written: &crate::latency::Written) -> Result<ConsumerView> {
+        let (first, n) = (written.first_version, written.events);
+        let deadline = Instant::now() + Duration::from_secs(30);
         let mut got: HashMap<i64, f64> = HashMap::new();
         let range = first..first + n as i64;
         while (got.len() as u64) < n && Instant::now() < deadline {

@@ -47,6 +47,16 @@ pub struct Percentiles {
     pub max_ms: f64,
 }
 
+impl Percentiles {
+    /// "p50 / p99 / max", ms.
+    pub fn cells(&self) -> String {
+        format!(
+            "{:.1} / {:.1} / {:.1}",
+            self.p50_ms, self.p99_ms, self.max_ms
+        )
+    }
+}
+
 pub fn percentiles(mut v: Vec<f64>) -> Percentiles {
     if v.is_empty() {
         return Percentiles::default();
@@ -60,7 +70,7 @@ pub fn percentiles(mut v: Vec<f64>) -> Percentiles {
     }
 }
 
-fn unix_secs() -> f64 {
+pub(crate) fn unix_secs() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())

@@ -131,6 +131,17 @@ pub struct LiveCpu {
 }
 
 impl LiveCpu {
+    /// "writers / walsender / relay / broker", µs per event.
+    pub(crate) fn cells(&self) -> String {
+        format!(
+            "{} / {} / {} / {}",
+            opt(self.writers, 1),
+            opt(self.walsender, 1),
+            opt(self.relay, 1),
+            opt(self.broker, 1)
+        )
+    }
+
     pub fn of(
         w: &Written,
         relay: Option<f64>,
@@ -181,6 +192,18 @@ impl LatencyPoint {
             cpu: LiveCpu::default(),
             consumer_view: None,
         }
+    }
+
+    /// The first four cells of a latency row: contestant, offered, of ceiling, achieved.
+    pub(crate) fn load_cells(&self) -> String {
+        format!(
+            "{} | {:.0} | {} | {:.0}",
+            self.contestant.label(),
+            self.target_rate,
+            self.fraction_of_ceiling
+                .map_or("–".into(), |f| format!("{:.1}%", f * 100.0)),
+            self.achieved_rate
+        )
     }
 
     pub fn consumer_line(&self) -> String {

@@ -169,15 +169,10 @@ impl Report {
             "| contestant | offered events/s | of ceiling | achieved | p50 ms | p99 ms | max ms | relay's histogram: share ≤ 50 ms / p50 / p99 (ms) | CPU µs/event: writers / walsender (polling: its backend) / relay / broker | note |\n|---|---|---|---|---|---|---|---|---|---|"
         );
         for p in &self.latency {
-            let c = &p.cpu;
             let _ = writeln!(
                 w,
-                "| {} | {:.0} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {} | {} / {} / {} / {} | {} |",
-                p.contestant.label(),
-                p.target_rate,
-                p.fraction_of_ceiling
-                    .map_or("–".into(), |f| format!("{:.1}%", f * 100.0)),
-                p.achieved_rate,
+                "| {} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+                p.load_cells(),
                 p.latency.p50_ms,
                 p.latency.p99_ms,
                 p.latency.max_ms,
@@ -196,10 +191,7 @@ impl Report {
                         le(v.p99_le_ms)
                     )
                 }),
-                opt(c.writers, 1),
-                opt(c.walsender, 1),
-                opt(c.relay, 1),
-                opt(c.broker, 1),
+                p.cpu.cells(),
                 if p.saturated {
                     format!(
                         "falling behind: an event waited > 1 s ({} of {} not acked 30 s after the writers stopped)",
@@ -227,27 +219,15 @@ impl Report {
         );
         for p in &self.consumer_points {
             let c = p.consumer_view.unwrap_or_default();
-            let (l, cl, cpu) = (&p.latency, &c.latency, &p.cpu);
             let _ = writeln!(
                 w,
-                "| {} | {:.0} | {} | {:.0} | {:.1} / {:.1} / {:.1} | {:.1} / {:.1} / {:.1} | {} / {} | {} / {} / {} / {} |",
-                p.contestant.label(),
-                p.target_rate,
-                p.fraction_of_ceiling
-                    .map_or("–".into(), |f| format!("{:.1}%", f * 100.0)),
-                p.achieved_rate,
-                l.p50_ms,
-                l.p99_ms,
-                l.max_ms,
-                cl.p50_ms,
-                cl.p99_ms,
-                cl.max_ms,
+                "| {} | {} | {} | {} / {} | {} |",
+                p.load_cells(),
+                p.latency.cells(),
+                c.latency.cells(),
                 c.read,
                 c.missing,
-                opt(cpu.writers, 1),
-                opt(cpu.walsender, 1),
-                opt(cpu.relay, 1),
-                opt(cpu.broker, 1),
+                p.cpu.cells(),
             );
         }
         let _ = writeln!(w);
