@@ -77,7 +77,7 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
             .standby
             .store(matches!(err, RelayError::SlotBusy { .. }), Relaxed);
         health.streaming.store(false, Relaxed);
-        if started.elapsed() > Duration::from_secs(30) {
+        if started.elapsed() > HEALTHY_SESSION {
             backoff = Duration::from_millis(100).min(max);
             attempt = 0;
         }
@@ -116,6 +116,10 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
         }
     }
 }
+
+/// A session that ran this long counts as healthy: the next failure starts a new streak
+/// (attempt 1, shortest backoff) instead of continuing the old one.
+pub(crate) const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 
 /// 50–100 % of `d`, so restarting instances do not retry in lockstep.
 fn jitter(d: Duration) -> Duration {

@@ -57,10 +57,12 @@ pub struct Watch {
     aged: HashSet<String>,
     parked_seen: HashSet<(String, String)>,
     oldest_age: f64,
+    started: Instant,
+    start_confirmed: u64,
 }
 
 impl Watch {
-    pub fn new(cfg: &Config) -> Self {
+    pub fn new(cfg: &Config, confirmed: u64) -> Self {
         let now = Instant::now();
         let hb = cfg.heartbeat.interval_ms;
         Self {
@@ -83,6 +85,8 @@ impl Watch {
             aged: HashSet::new(),
             parked_seen: HashSet::new(),
             oldest_age: 0.0,
+            started: now,
+            start_confirmed: confirmed,
         }
     }
 
@@ -274,6 +278,11 @@ impl Stages {
         let errors = serde_json::to_value(crate::obs_errors::snapshot()).unwrap_or_default();
         let hb_delay = self.watch.last_hb.map(|(_, d)| d);
         let hb_at = self.watch.last_hb_wall.map(|us| us as f64 / 1e6);
+        // The failure streak the supervisor recorded ends only when this session proves healthy
+        // (it moved the slot, or outlived the supervisor's reset window); until then a retry
+        // that is about to fail again keeps showing the streak and the attempt in progress.
+        let healthy = self.tracker.confirmed() > self.watch.start_confirmed
+            || self.watch.started.elapsed() > crate::HEALTHY_SESSION;
         self.sql
             .execute(
                 "INSERT INTO outboxd_status (slot, instance, updated_at, confirmed_lsn, pending_events, \
@@ -283,8 +292,9 @@ impl Stages {
                    confirmed_lsn = EXCLUDED.confirmed_lsn, pending_events = EXCLUDED.pending_events, \
                    pending_bytes = EXCLUDED.pending_bytes, oldest_pending_age_s = EXCLUDED.oldest_pending_age_s, \
                    heartbeat_delay_s = EXCLUDED.heartbeat_delay_s, last_heartbeat_at = EXCLUDED.last_heartbeat_at, \
-                   errors = EXCLUDED.errors, halted = EXCLUDED.halted, attempt = 0, \
-                   next_attempt_at = NULL",
+                   errors = EXCLUDED.errors, halted = EXCLUDED.halted, \
+                   attempt = CASE WHEN $11 THEN 0 ELSE outboxd_status.attempt END, \
+                   next_attempt_at = CASE WHEN $11 THEN NULL ELSE outboxd_status.next_attempt_at END",
                 &[
                     &self.slot,
                     &instance,
@@ -296,6 +306,7 @@ impl Stages {
                     &hb_at,
                     &errors,
                     &health().halted.load(Ordering::Relaxed),
+                    &healthy,
                 ],
             )
             .await?;

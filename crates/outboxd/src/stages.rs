@@ -85,7 +85,7 @@ impl Stages {
             meta_base: 0,
             labels: Vec::new(),
             label_idx: Default::default(),
-            watch: crate::session_obs::Watch::new(cfg),
+            watch: crate::session_obs::Watch::new(cfg, confirmed),
             advanced_by_ack: false,
         })
     }

@@ -96,7 +96,7 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
                         pending_events, oldest_pending_age_s, heartbeat_delay_s, \
                         extract(epoch FROM now() - last_heartbeat_at)::float8, errors, halted, \
                         attempt, last_error_class, last_error, \
-                        extract(epoch FROM next_attempt_at - now())::float8 \
+                        greatest(extract(epoch FROM next_attempt_at - now())::float8, 0) \
                  FROM outboxd_status WHERE slot = $1",
                 &[slot],
             )
