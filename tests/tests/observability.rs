@@ -154,17 +154,13 @@ async fn metrics_status_and_readiness_match_ground_truth() -> anyhow::Result<()>
     .await?;
 
     // Errors per class: an oversized event and a follower held behind it.
-    write_events(
-        &mut c,
-        &[ev(
-            "p-2",
-            1,
-            "Big",
-            serde_json::json!({"blob": "x".repeat(30_000)}),
-        )],
-        false,
-    )
-    .await?;
+    let big = ev(
+        "p-2",
+        1,
+        "Big",
+        serde_json::json!({"blob": "x".repeat(30_000)}),
+    );
+    write_events(&mut c, std::slice::from_ref(&big), false).await?;
     write_events(
         &mut c,
         &[ev("p-2", 2, "Big", serde_json::json!({"small": 1}))],
@@ -270,6 +266,30 @@ async fn metrics_status_and_readiness_match_ground_truth() -> anyhow::Result<()>
         code == 0 && human.contains("lag bytes") && human.contains("Big parked x1"),
         "{human}"
     );
+
+    // Resolving the parked event releases its follower, and the parked gauges return to 0
+    // (else the parked-events alert would fire forever).
+    let id = big.event_id.to_string();
+    let (code, out) = outboxd_cli(
+        &[
+            "parked",
+            "discard",
+            &id,
+            "--operator",
+            "ops",
+            "--reason",
+            "obs test",
+        ],
+        &cfg,
+    );
+    assert_eq!(code, 0, "{out}");
+    eventually(Duration::from_secs(20), || async {
+        let s = scrape();
+        Ok(["parked", "blocked"].iter().all(|st| {
+            metric(&s, obs::PARKED, &[("event_type", "Big"), ("state", st)]) == Some(0.0)
+        }) && metric(&s, obs::PARKED_OLDEST_AGE, &[("event_type", "Big")]) == Some(0.0))
+    })
+    .await?;
 
     // Alert rules and the dashboard only use exported names.
     let (code, rules) = outboxd_cli(&["alerts"], &cfg);

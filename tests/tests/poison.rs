@@ -26,6 +26,20 @@ fn by_aggregate(recs: &[Record]) -> std::collections::BTreeMap<String, Vec<Strin
     m
 }
 
+/// Reads `n` records of the acct topic: versions per aggregate, first copies only.
+fn acct_by_aggregate(
+    env: &Env,
+    n: usize,
+) -> anyhow::Result<std::collections::BTreeMap<String, Vec<String>>> {
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.acct",
+        n,
+        Duration::from_secs(20),
+    )?;
+    Ok(by_aggregate(&recs))
+}
+
 async fn parked_rows(env: &Env) -> anyhow::Result<Vec<(String, String, String, i32, String)>> {
     let c = env.sql().await?;
     Ok(c.query(
@@ -88,13 +102,7 @@ async fn oversized_event_parks_followers_then_retry_releases_them_in_order() -> 
         ]
     );
     assert_eq!(rows[0].0, a1.event_id.to_string());
-    let recs = read_topic(
-        &env.bootstrap(),
-        "outbox.event.acct",
-        2,
-        Duration::from_secs(20),
-    )?;
-    let m = by_aggregate(&recs);
+    let m = acct_by_aggregate(&env, 2)?;
     assert_eq!(
         m.get("B").map(Vec::as_slice),
         Some(&["1".to_string(), "2".to_string()][..]),
@@ -243,20 +251,36 @@ async fn ordering_none_lets_followers_pass_and_discard_is_audited() -> anyhow::R
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn halt_mode_stops_and_holds_the_slot() -> anyhow::Result<()> {
-    let mut env = Env::start("poison_halt").await?;
+/// A relay that refuses records over 20 kB (so `big()` is poison), already past version 1 of
+/// `agg` (an event of `event_type`).
+async fn relay_past_one_event(
+    name: &str,
+    extra_toml: &str,
+    (agg, event_type): (&str, &str),
+) -> anyhow::Result<(Env, Relay, tokio_postgres::Client)> {
+    let mut env = Env::start(name).await?;
     env.kafka_toml = "\"message.max.bytes\" = \"20000\"".into();
-    env.extra_toml = "[policy.event_types.BalanceChanged]\non_poison = \"halt\"\n".into();
+    env.extra_toml = extra_toml.into();
     let relay = Relay::start(env.config()?);
     let mut c = env.sql().await?;
     write_events(
         &mut c,
-        &[ev("W", 1, "BalanceChanged", serde_json::json!({"d": 1}))],
+        &[ev(agg, 1, event_type, serde_json::json!({"n": 1}))],
         false,
     )
     .await?;
     caught_up(&env).await?;
+    Ok((env, relay, c))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn halt_mode_stops_and_holds_the_slot() -> anyhow::Result<()> {
+    let (env, relay, mut c) = relay_past_one_event(
+        "poison_halt",
+        "[policy.event_types.BalanceChanged]\non_poison = \"halt\"\n",
+        ("W", "BalanceChanged"),
+    )
+    .await?;
     // Inside the halting event's transaction: the slot may move over WAL before it (the
     // relay's own status row), never to or past it.
     let inside = write_events_returning_lsn(&mut c, &[ev("W", 2, "BalanceChanged", big())]).await?;
@@ -384,5 +408,60 @@ async fn crash_between_parking_and_confirming_loses_nothing_and_parks_once() -> 
     )?;
     assert_eq!(by_aggregate(&recs).keys().collect::<Vec<_>>(), ["Q"]);
     drop(relay2);
+    Ok(())
+}
+
+/// The parking table locked by someone else (a long maintenance transaction): parking cannot
+/// finish, so the session gives up after its SQL bound and retries, reports why, and never
+/// moves the slot past the event. Once the lock goes, the event is parked once and its
+/// neighbours flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parking_behind_a_lock_retries_and_never_skips() -> anyhow::Result<()> {
+    let (env, relay, mut c) = relay_past_one_event("poison_lock", "", ("K", "Deposited")).await?;
+    let mut locker = env.sql().await?;
+    let lock = locker.transaction().await?;
+    lock.batch_execute("LOCK TABLE outbox_parked IN ACCESS EXCLUSIVE MODE")
+        .await?;
+    let bad = ev("K", 2, "Deposited", big());
+    let at = write_events_returning_lsn(&mut c, std::slice::from_ref(&bad)).await?;
+    write_events(
+        &mut c,
+        &[ev("L", 1, "Deposited", serde_json::json!({"n": 2}))],
+        false,
+    )
+    .await?;
+    let cfg = env.config_file()?;
+    eventually(Duration::from_secs(40), || async {
+        let (code, out) = outboxd_cli(&["status", "--json"], &cfg);
+        anyhow::ensure!(code == 0, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out)?;
+        // `status` itself does not hang on the lock: it says what it could not read.
+        anyhow::ensure!(v["parked"]["unavailable"].is_string(), "{v}");
+        Ok(v["reported"]["last_error_class"] == "postgres"
+            && v["reported"]["last_error"]
+                .as_str()
+                .is_some_and(|m| m.contains("pg_locks")))
+    })
+    .await?;
+    assert!(
+        !relay.is_finished(),
+        "a lock is transient: the relay stays up"
+    );
+    let confirmed = env.confirmed_lsn().await?;
+    assert!(
+        confirmed < at,
+        "slot passed an event it could not park: confirmed {confirmed:X}, event at {at:X}"
+    );
+    lock.rollback().await?;
+    caught_up(&env).await?;
+    let rows = parked_rows(&env).await?;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].0, bad.event_id.to_string());
+    let m = acct_by_aggregate(&env, 2)?;
+    assert_eq!(
+        (m["K"].as_slice(), m["L"].as_slice()),
+        (&["1".to_string()][..], &["1".to_string()][..])
+    );
+    relay.shutdown().await?;
     Ok(())
 }

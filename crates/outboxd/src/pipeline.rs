@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
 use crate::producer::Producer;
-use crate::source::{self, fmt_lsn};
+use crate::source::{self, fmt_lsn, sql_bounded};
 use crate::stages::Stages;
 use pgwire_replication::Lsn;
 use std::sync::atomic::Ordering::Relaxed;
@@ -40,7 +40,7 @@ pub async fn run_session(
     if !sender_timeout.is_zero() {
         status_interval = status_interval.min(sender_timeout / 2);
     }
-    let mut st = Stages::new(cfg, sql, slot.confirmed_flush).await?;
+    let mut st = sql_bounded(Stages::new(cfg, sql, slot.confirmed_flush)).await?;
     let (producer, mut acks) = Producer::new(cfg)?;
     let mut repl = source::start_stream(cfg, slot.confirmed_flush, status_interval).await?;
     tracing::info!(
@@ -155,19 +155,4 @@ pub async fn run_session(
         "session ended"
     );
     result.map(|()| SessionEnd::Shutdown)
-}
-
-/// Periodic SQL work (status, slot health, repairs) must not hang the session on a connection
-/// that went silent without a reset (blackholed): past 10 s it is a transient error and the
-/// session restarts with fresh connections.
-async fn sql_bounded<T>(
-    work: impl std::future::Future<Output = Result<T, RelayError>>,
-) -> Result<T, RelayError> {
-    tokio::time::timeout(Duration::from_secs(10), work)
-        .await
-        .unwrap_or_else(|_| {
-            Err(RelayError::Postgres(
-                "the SQL connection stopped answering (10 s): reconnecting".into(),
-            ))
-        })
 }

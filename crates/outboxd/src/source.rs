@@ -266,6 +266,23 @@ pub async fn start_stream(
     Ok(client)
 }
 
+/// SQL work inside a session (status, slot health, repairs, parking) must not hang it on a
+/// connection that went silent without a reset (blackholed) or a statement stuck behind a lock:
+/// past 10 s it is a transient error and the session restarts with fresh connections.
+pub async fn sql_bounded<T>(
+    work: impl std::future::Future<Output = Result<T, RelayError>>,
+) -> Result<T, RelayError> {
+    tokio::time::timeout(Duration::from_secs(10), work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RelayError::Postgres(
+                "a SQL statement got no answer within 10 s (connection silent, or waiting on a lock: \
+                 see pg_stat_activity / pg_locks for outboxd): reconnecting"
+                    .into(),
+            ))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@ use crate::pgoutput::{self, Message, Value};
 use crate::policy::{self, OnPoison, Ordering, PolicyConfig};
 use crate::producer::{Ack, Producer};
 use crate::router::{Event, RowMapping, TopicTemplate};
+use crate::source::sql_bounded;
 use crate::validate::Validator;
 use pgwire_replication::ReplicationEvent;
 use std::collections::{HashSet, VecDeque};
@@ -92,7 +93,7 @@ impl Stages {
 
     pub async fn on_ack(&mut self, ack: Ack, producer: &Producer) -> Result<(), RelayError> {
         if ack.seq & RELEASE_BIT != 0 {
-            return self.on_release_ack(ack, producer).await;
+            return sql_bounded(self.on_release_ack(ack, producer)).await;
         }
         let before = self.tracker.confirmed();
         let r = self.on_stream_ack(ack).await;
@@ -386,7 +387,7 @@ impl Stages {
         let blocks = pol.ordering == Ordering::Aggregate
             && rec.aggregate_type.is_some()
             && rec.aggregate_id.is_some();
-        let state = parking::park(
+        let state = sql_bounded(parking::park(
             &self.sql,
             &self.slot,
             &rec,
@@ -395,7 +396,7 @@ impl Stages {
             None,
             class,
             message,
-        )
+        ))
         .await?;
         fail::hit("parked");
         tracing::error!(
@@ -419,7 +420,7 @@ impl Stages {
     /// A later event of a blocked aggregate waits, durably, behind the parked one.
     async fn hold(&mut self, e: &Event<'_>, head: &str) -> Result<(), RelayError> {
         let rec = self.record_of(e);
-        parking::park(
+        sql_bounded(parking::park(
             &self.sql,
             &self.slot,
             &rec,
@@ -430,7 +431,7 @@ impl Stages {
             &format!(
                 "held behind parked event {head} of the same aggregate (ordering = \"aggregate\")"
             ),
-        )
+        ))
         .await?;
         metrics::counter!(crate::obs::BLOCKED, "event_type" => e.event_type.to_string())
             .increment(1);
@@ -447,12 +448,8 @@ impl Stages {
 
     /// Periodic: pick up operator repairs (retry/discard) and refresh parked-event metrics.
     pub async fn repair_tick(&mut self, producer: &Producer) -> Result<(), RelayError> {
-        for (event_type, state, count, age) in parking::open_stats(&self.sql, &self.slot).await? {
-            metrics::gauge!("outboxd_parked_events", "event_type" => event_type.clone(), "state" => state)
-                .set(count as f64);
-            metrics::gauge!("outboxd_parked_oldest_age_seconds", "event_type" => event_type)
-                .set(age);
-        }
+        let stats = parking::open_stats(&self.sql, &self.slot).await?;
+        self.watch.parked_gauges(&stats);
         if self.releasing.is_none() {
             self.blocked = parking::blocked_aggregates(&self.sql, &self.slot).await?;
             self.release_next(producer).await?;

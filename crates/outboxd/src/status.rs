@@ -44,6 +44,9 @@ pub async fn record_failure(
 /// Collects the status document.
 pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     let sql = source::sql_connect(cfg).await?;
+    // Operators run this when something is wrong, e.g. while a maintenance transaction holds
+    // the parking table: wait briefly for locks, then report what could not be read.
+    sql.batch_execute("SET lock_timeout = '3s'").await?;
     let slot = &cfg.source.slot;
     let s = sql
         .query_opt(
@@ -118,14 +121,16 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
                     "next_attempt_in_seconds": r.get::<_, Option<f64>>(12),
                 })
             });
-        let parked: Vec<Value> = crate::parking::open_stats(&sql, slot)
-            .await?
-            .into_iter()
-            .map(|(t, st, n, age)| json!({"event_type": t, "state": st, "count": n, "oldest_age_seconds": age}))
-            .collect();
+        let parked = match crate::parking::open_stats(&sql, slot).await {
+            Ok(stats) => stats
+                .into_iter()
+                .map(|(t, st, n, age)| json!({"event_type": t, "state": st, "count": n, "oldest_age_seconds": age}))
+                .collect(),
+            Err(e) => json!({"unavailable": e.to_string()}),
+        };
         (rep, parked)
     } else {
-        (None, vec![])
+        (None, json!([]))
     };
     Ok(json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked}))
 }
@@ -198,7 +203,10 @@ pub fn render(v: &Value) -> String {
                 );
             }
         }
-        _ => row("parked", "none".into()),
+        _ => match v.pointer("/parked/unavailable").and_then(Value::as_str) {
+            Some(why) => row("parked", format!("unavailable: {why}")),
+            None => row("parked", "none".into()),
+        },
     }
     out
 }
