@@ -109,6 +109,19 @@ pub struct SourceConfig {
     pub status_interval_ms: u64,
     #[serde(default)]
     pub columns: Columns,
+    /// TLS to Postgres (libpq's meanings): disable | prefer | require | verify-ca | verify-full.
+    /// Unset: the DSN's `sslmode`, else `prefer`.
+    #[serde(default)]
+    pub sslmode: Option<crate::tls::SslMode>,
+    /// CA certificates (PEM) that must sign the server's certificate (verify-ca/verify-full);
+    /// unset: the Mozilla roots.
+    #[serde(default)]
+    pub sslrootcert: Option<std::path::PathBuf>,
+    /// Client certificate chain and key (PEM) when the server asks for one (`cert` auth).
+    #[serde(default)]
+    pub sslcert: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub sslkey: Option<std::path::PathBuf>,
 }
 
 /// Column names of the outbox table. `preset = "debezium"` reads Debezium's outbox table
@@ -415,6 +428,7 @@ impl Config {
             return Err(invalid("source.table must be `table` or `schema.table`"));
         }
         s.columns.resolve()?;
+        crate::tls::validate(s).map_err(invalid)?;
         crate::router::TopicTemplate::parse(&self.sink.topic)?;
         if !self.sink.kafka.contains_key("bootstrap.servers") {
             return Err(invalid(

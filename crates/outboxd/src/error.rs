@@ -83,7 +83,16 @@ impl From<tokio_postgres::Error> for RelayError {
         // The Display of a tokio-postgres error omits the server message; include it.
         match e.as_db_error() {
             Some(db) => Self::Postgres(format!("{}: {}", db.code().code(), db.message())),
-            None => Self::Postgres(e.to_string()),
+            // Nor the cause of a client-side failure (e.g. which certificate check failed).
+            None => {
+                let mut msg = e.to_string();
+                let mut cause = std::error::Error::source(&e);
+                while let Some(c) = cause {
+                    msg = format!("{msg}: {c}");
+                    cause = c.source();
+                }
+                Self::Postgres(msg)
+            }
         }
     }
 }

@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`config`]: TOML + `OUTBOXD_*` env configuration, validated up front.
 //! - [`source`]: SQL preflight checks, slot handling, and the replication stream.
+//! - [`tls`]: TLS to Postgres (`sslmode` …) for the SQL connection and the stream alike.
 //! - [`pgoutput`]: our decoder for the Relation/Insert messages of the stream.
 //! - [`router`]: outbox row → Kafka record (topic template, key, value, headers, timestamp).
 //! - [`producer`]: librdkafka (idempotent, `acks=all`); delivery reports become [`producer::Ack`]s.
@@ -42,6 +43,7 @@ pub mod session_obs;
 pub mod source;
 pub mod stages;
 pub mod status;
+pub mod tls;
 pub mod validate;
 
 pub use config::Config;

@@ -19,13 +19,14 @@ pub struct SlotState {
 
 /// Opens an ordinary SQL connection to the source (the connection task runs in the background).
 pub async fn sql_connect(cfg: &Config) -> Result<tokio_postgres::Client, RelayError> {
-    let pg = pg_config(cfg)?;
-    let (client, conn) = pg.connect(tokio_postgres::NoTls).await.map_err(|e| {
-        RelayError::Postgres(format!(
+    let mut pg = pg_config(cfg)?;
+    let tls = crate::tls::sql_connector(&cfg.source, &mut pg)?;
+    let (client, conn) = pg.connect(tls).await.map_err(|e| {
+        RelayError::Postgres(crate::tls::with_hint(format!(
             "cannot connect to {}: {}",
             describe(&pg),
             crate::error::RelayError::from(e)
-        ))
+        )))
     })?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
@@ -228,7 +229,12 @@ pub async fn start_stream(
     status_interval: Duration,
 ) -> Result<ReplicationClient, RelayError> {
     let pg = pg_config(cfg)?;
-    let host = host_of(&pg, "127.0.0.1");
+    let name = host_of(&pg, "127.0.0.1");
+    // `hostaddr` says where to connect; the host name stays what TLS verifies.
+    let host = match pg.get_hostaddrs().first() {
+        Some(addr) => addr.to_string(),
+        None => name.clone(),
+    };
     let password = pg
         .get_password()
         .map(|p| String::from_utf8_lossy(p).into_owned())
@@ -248,6 +254,7 @@ pub async fn start_stream(
     .with_ack_lsn(Lsn(confirmed))
     .with_status_interval(status_interval)
     .with_wakeup_interval(status_interval)
+    .with_tls(crate::tls::replication(&cfg.source, &pg, &name))
     .with_buffer_size(1024)
     // Pin how the walsender renders values: created_at is parsed from this text.
     .with_options("-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3")
@@ -261,7 +268,12 @@ pub async fn start_stream(
     .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {
         crate::fail::hit("confirmed")
     }));
-    let mut client = ReplicationClient::connect(rc).await?;
+    let mut client = ReplicationClient::connect(rc)
+        .await
+        .map_err(|e| match e.into() {
+            RelayError::Replication(m) => RelayError::Replication(crate::tls::with_hint(m)),
+            other => other,
+        })?;
     client.wait_started().await?;
     Ok(client)
 }

@@ -179,6 +179,9 @@ pub struct PgOptions {
     pub wal_level: String,
     /// Additional `-c name=value` settings.
     pub settings: Vec<(String, String)>,
+    /// Files written into the data directory (mode 0600, owned by the server's user) before
+    /// start, e.g. TLS keys and an `hba_file`; settings name them relative to the data dir.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 impl Default for PgOptions {
@@ -186,6 +189,7 @@ impl Default for PgOptions {
         Self {
             wal_level: "logical".into(),
             settings: vec![],
+            files: vec![],
         }
     }
 }
@@ -213,6 +217,12 @@ impl Postgres {
             .status()?;
         if !st.success() {
             bail!("copy the template cluster");
+        }
+        for (name, content) in &opts.files {
+            use std::os::unix::fs::PermissionsExt;
+            let p = dir.path().join("data").join(name);
+            std::fs::write(&p, content)?;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))?;
         }
         chown_tree(dir.path())?;
         let mut pg = Self {

@@ -1,0 +1,312 @@
+//! TLS to Postgres with libpq's `sslmode` meanings, for both connections a session opens: the
+//! SQL one (tokio-postgres over rustls) and the replication stream (pgwire-replication, which
+//! has its own rustls client). One setting drives both, so the stream can never end up less
+//! protected than the SQL connection beside it.
+
+use crate::config::SourceConfig;
+use crate::error::RelayError;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use serde::Deserialize;
+use std::path::Path;
+use std::sync::Arc;
+
+/// libpq's `sslmode`. `prefer` (libpq's default) and `require` encrypt without checking who
+/// answers; only `verify-ca` (chain) and `verify-full` (chain and host name) stop a
+/// man in the middle.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// The mode in force: `source.sslmode`, else the DSN's own `sslmode` (tokio-postgres knows
+/// disable/prefer/require), else `prefer`.
+pub fn mode(s: &SourceConfig, dsn: &tokio_postgres::Config) -> SslMode {
+    s.sslmode.unwrap_or(match dsn.get_ssl_mode() {
+        tokio_postgres::config::SslMode::Disable => SslMode::Disable,
+        tokio_postgres::config::SslMode::Require => SslMode::Require,
+        _ => SslMode::Prefer,
+    })
+}
+
+/// Config-time checks, so `outboxd check` names the mistake before anything connects.
+pub fn validate(s: &SourceConfig) -> Result<(), String> {
+    let verifies = matches!(s.sslmode, Some(SslMode::VerifyCa | SslMode::VerifyFull));
+    if s.sslrootcert.is_some() && !verifies {
+        return Err(
+            "source.sslrootcert is only used with source.sslmode = \"verify-ca\" or \
+                    \"verify-full\": set one of them (require/prefer do not check the certificate)"
+                .into(),
+        );
+    }
+    if s.sslcert.is_some() != s.sslkey.is_some() {
+        return Err(
+            "source.sslcert and source.sslkey come together (client certificate and its key)"
+                .into(),
+        );
+    }
+    for (key, p) in [
+        ("source.sslrootcert", &s.sslrootcert),
+        ("source.sslcert", &s.sslcert),
+        ("source.sslkey", &s.sslkey),
+    ] {
+        if let Some(p) = p {
+            if !p.is_file() {
+                return Err(format!("{key} = {}: no such file", p.display()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What to change when a connection failed for a TLS reason (from either client's message).
+pub fn hint(error: &str) -> Option<&'static str> {
+    let e = error.to_ascii_lowercase();
+    Some(if e.contains("no encryption") {
+        "the server admits this role only over TLS: set source.sslmode \
+         (\"verify-full\" with source.sslrootcert, or \"require\")"
+    } else if e.contains("unknownissuer") || e.contains("unknown issuer") {
+        "the server's certificate is not signed by a CA in source.sslrootcert (the Mozilla \
+         roots when unset): point source.sslrootcert at the CA that signed it"
+    } else if e.contains("notvalidforname") || e.contains("not valid for name") {
+        "the server's certificate does not list the host in source.dsn: connect by a name it \
+         lists, or set source.sslmode = \"verify-ca\" (chain only)"
+    } else if e.contains("does not support tls") || e.contains("sslrequest rejected") {
+        "the server has ssl = off: enable TLS on the server, or lower source.sslmode"
+    } else {
+        return None;
+    })
+}
+
+/// Appends [`hint`]'s advice to a connection error message, when there is one.
+pub fn with_hint(msg: String) -> String {
+    match hint(&msg) {
+        Some(h) => format!("{msg} — {h}"),
+        None => msg,
+    }
+}
+
+/// The connector for the SQL connection; `pg`'s own ssl mode is set to match.
+pub fn sql_connector(
+    s: &SourceConfig,
+    pg: &mut tokio_postgres::Config,
+) -> Result<tokio_postgres_rustls::MakeRustlsConnect, RelayError> {
+    let mode = mode(s, pg);
+    pg.ssl_mode(match mode {
+        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        _ => tokio_postgres::config::SslMode::Require,
+    });
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(
+        client_config(s, mode).map_err(RelayError::Setup)?,
+    ))
+}
+
+/// The same policy for the replication stream; `name` is what the certificate must list
+/// (the DSN's host, also when `hostaddr` says where to connect).
+pub fn replication(
+    s: &SourceConfig,
+    pg: &tokio_postgres::Config,
+    name: &str,
+) -> pgwire_replication::TlsConfig {
+    use pgwire_replication::SslMode as P;
+    pgwire_replication::TlsConfig {
+        mode: match mode(s, pg) {
+            SslMode::Disable => P::Disable,
+            SslMode::Prefer => P::Prefer,
+            SslMode::Require => P::Require,
+            SslMode::VerifyCa => P::VerifyCa,
+            SslMode::VerifyFull => P::VerifyFull,
+        },
+        ca_pem_path: s.sslrootcert.clone(),
+        // Given explicitly, so an IP literal is checked against the certificate's IP entries
+        // (as libpq does) instead of being refused by the stream client.
+        sni_hostname: Some(name.to_string()),
+        client_cert_pem_path: s.sslcert.clone(),
+        client_key_pem_path: s.sslkey.clone(),
+    }
+}
+
+fn client_config(s: &SourceConfig, mode: SslMode) -> Result<rustls::ClientConfig, String> {
+    // An explicit provider: never depend on which one the process happened to install.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = match mode {
+        SslMode::Disable | SslMode::Prefer | SslMode::Require => None,
+        SslMode::VerifyCa | SslMode::VerifyFull => Some(
+            WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots(s.sslrootcert.as_deref())?),
+                provider.clone(),
+            )
+            .build()
+            .map_err(|e| format!("TLS verifier: {e}"))?,
+        ),
+    };
+    let verifier: Arc<dyn ServerCertVerifier> = match chain {
+        Some(chain) if mode == SslMode::VerifyFull => chain,
+        chain => Arc::new(Lenient {
+            chain,
+            provider: provider.clone(),
+        }),
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    match (&s.sslcert, &s.sslkey) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| format!("source.sslcert = {}: {e}", cert.display()))?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| format!("source.sslkey = {}: {e}", key.display()))?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("source.sslcert / source.sslkey: {e}"))
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// `sslrootcert`'s certificates, else the Mozilla roots (what public managed services chain to).
+fn roots(path: Option<&Path>) -> Result<RootCertStore, String> {
+    let mut store = RootCertStore::empty();
+    let Some(path) = path else {
+        store.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        return Ok(store);
+    };
+    let bad = |e: &dyn std::fmt::Display| format!("source.sslrootcert = {}: {e}", path.display());
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+        store.add(cert.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+    }
+    if store.is_empty() {
+        return Err(bad(&"no PEM certificate in the file"));
+    }
+    Ok(store)
+}
+
+/// `prefer` / `require` (no chain: whose certificate it is goes unchecked, as in libpq) and
+/// `verify-ca` (the chain must lead to a trusted root, but the host name may differ: servers
+/// reached through an IP or a proxy name their certificate does not list). Either way the
+/// handshake must be signed by the certificate's key.
+#[derive(Debug)]
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Lenient {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        // webpki checks the chain first, so a name error means the chain was fine.
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algs = &self.provider.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, dss, algs)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algs = &self.provider.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, dss, algs)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+
+    fn source(extra: &str) -> Result<Config, crate::config::ConfigError> {
+        Config::from_toml_and_env(
+            &format!(
+                "[source]\ndsn = \"postgres://u@h/db?sslmode=require\"\n{extra}\n\
+                 [sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n"
+            ),
+            vec![],
+        )
+    }
+
+    #[test]
+    fn mode_comes_from_the_config_then_the_dsn() {
+        let c = source("").unwrap();
+        let dsn: tokio_postgres::Config = c.source.dsn.parse().unwrap();
+        assert_eq!(mode(&c.source, &dsn), SslMode::Require);
+        let c = source("sslmode = \"verify-full\"").unwrap();
+        assert_eq!(mode(&c.source, &dsn), SslMode::VerifyFull);
+    }
+
+    #[test]
+    fn misplaced_settings_are_refused_with_the_reason() {
+        let e = source("sslrootcert = \"/etc/hosts\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("verify-ca"), "{e}");
+        let e = source("sslmode = \"verify-full\"\nsslrootcert = \"/nonexistent/ca.pem\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no such file"), "{e}");
+        let e = source("sslcert = \"/etc/hosts\"").unwrap_err().to_string();
+        assert!(e.contains("sslkey"), "{e}");
+        assert!(source("sslmode = \"verify-everything\"").is_err());
+    }
+
+    #[test]
+    fn tls_failures_get_the_fix() {
+        for (err, fix) in [
+            (
+                "no pg_hba.conf entry for host, no encryption",
+                "source.sslmode",
+            ),
+            (
+                "invalid peer certificate: UnknownIssuer",
+                "source.sslrootcert",
+            ),
+            ("invalid peer certificate: NotValidForName", "verify-ca"),
+            ("server does not support TLS", "ssl = off"),
+        ] {
+            assert!(with_hint(err.into()).contains(fix), "{err}");
+        }
+        assert_eq!(with_hint("connection refused".into()), "connection refused");
+    }
+}

@@ -1,0 +1,181 @@
+//! TLS to Postgres: a server that admits the relay's role only over TLS (`hostssl`), with a
+//! certificate from a private CA. `verify-full` streams events and both of the relay's
+//! connections (SQL and walsender) are encrypted; a plain connection, a certificate from
+//! another CA and a host name the certificate does not list are refused with the fix.
+
+use outboxd_tests::testkit::{Broker, PgOptions, Postgres, PG_PASSWORD};
+use outboxd_tests::*;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+use std::time::Duration;
+
+const RELAY_PW: &str = "relay-tls-pw";
+
+struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+}
+
+fn ca(name: &str) -> anyhow::Result<Ca> {
+    let mut p = CertificateParams::new(Vec::<String>::new())?;
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    let key = KeyPair::generate()?;
+    Ok(Ca {
+        cert: p.self_signed(&key)?,
+        key,
+    })
+}
+
+/// A server certificate for 127.0.0.1 only (no DNS name), signed by `ca`: (cert, key) PEM.
+fn server_cert(ca: &Ca) -> anyhow::Result<(String, String)> {
+    let p = CertificateParams::new(vec!["127.0.0.1".to_string()])?;
+    let key = KeyPair::generate()?;
+    let cert = p.signed_by(&key, &ca.cert, &ca.key)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+const HBA: &str = "\
+local all all trust
+host all postgres 127.0.0.1/32 scram-sha-256
+host replication postgres 127.0.0.1/32 scram-sha-256
+hostssl all relay 127.0.0.1/32 scram-sha-256
+hostssl replication relay 127.0.0.1/32 scram-sha-256
+";
+
+/// The relay's config: role `relay`, the given DSN host part and `[source]` TLS lines.
+fn relay_toml(env: &Env, host: &str, tls: &str) -> String {
+    env.toml()
+        .replace(
+            &format!("postgres://postgres:{PG_PASSWORD}@127.0.0.1:"),
+            &format!("postgres://relay:{RELAY_PW}@{host}:"),
+        )
+        .replace("[source]\n", &format!("[source]\n{tls}\n"))
+}
+
+fn check(env: &Env, name: &str, toml: &str) -> anyhow::Result<(i32, String)> {
+    let p = env.dir.path().join(format!("{name}.toml"));
+    std::fs::write(&p, toml)?;
+    Ok(outboxd_cli(&["check"], &p))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_only_server_verify_full_streams_and_mistakes_are_named() -> anyhow::Result<()> {
+    let good = ca("outboxd test CA")?;
+    let other = ca("some other CA")?;
+    let (cert, key) = server_cert(&good)?;
+    let pg = Postgres::start_with(PgOptions {
+        settings: vec![
+            ("ssl".into(), "on".into()),
+            ("ssl_cert_file".into(), "server.crt".into()),
+            ("ssl_key_file".into(), "server.key".into()),
+        ],
+        files: vec![
+            ("server.crt".into(), cert.into_bytes()),
+            ("server.key".into(), key.into_bytes()),
+            ("pg_hba.conf".into(), HBA.as_bytes().to_vec()),
+        ],
+        ..PgOptions::default()
+    })?;
+    let env = Env::with(pg, Broker::start()?, "tls").await?;
+    let c = env.sql().await?;
+    c.batch_execute(&format!(
+        "CREATE ROLE relay LOGIN SUPERUSER PASSWORD '{RELAY_PW}'"
+    ))
+    .await?;
+    let ca_file = env.dir.path().join("ca.pem");
+    std::fs::write(&ca_file, good.cert.pem())?;
+    let other_file = env.dir.path().join("other-ca.pem");
+    std::fs::write(&other_file, other.cert.pem())?;
+    let verify = |mode: &str, ca: &std::path::Path| {
+        format!("sslmode = \"{mode}\"\nsslrootcert = \"{}\"", ca.display())
+    };
+
+    // Plain: the server refuses the role, and the error says what to set.
+    let (code, out) = check(
+        &env,
+        "plain",
+        &relay_toml(&env, "127.0.0.1", "sslmode = \"disable\""),
+    )?;
+    assert!(
+        code != 0 && out.contains("no encryption") && out.contains("source.sslmode"),
+        "{out}"
+    );
+    // A certificate from a CA we do not trust.
+    let (code, out) = check(
+        &env,
+        "other_ca",
+        &relay_toml(&env, "127.0.0.1", &verify("verify-full", &other_file)),
+    )?;
+    assert!(
+        code != 0 && out.contains("source.sslrootcert"),
+        "unknown issuer must name sslrootcert: {out}"
+    );
+    // Right CA, but reached by a name the certificate does not list: verify-full refuses,
+    // verify-ca (chain only) accepts.
+    let named = |mode: &str| {
+        relay_toml(&env, "localhost", &verify(mode, &ca_file)).replace(
+            &format!("/{}\"", env.db),
+            &format!("/{}?hostaddr=127.0.0.1\"", env.db),
+        )
+    };
+    let (code, out) = check(&env, "name_full", &named("verify-full"))?;
+    assert!(
+        code != 0 && out.contains("verify-ca"),
+        "name mismatch must suggest verify-ca or the listed name: {out}"
+    );
+    let (code, out) = check(&env, "name_ca", &named("verify-ca"))?;
+    assert_eq!(code, 0, "verify-ca ignores the host name: {out}");
+
+    // verify-full with the right CA: events stream, over TLS on both connections.
+    let toml = relay_toml(&env, "127.0.0.1", &verify("verify-full", &ca_file));
+    let (code, out) = check(&env, "good", &toml)?;
+    assert_eq!(code, 0, "{out}");
+    let relay = Relay::start(outboxd::Config::from_toml_and_env(
+        &toml,
+        Vec::<(String, String)>::new(),
+    )?);
+    let mut w = env.sql().await?;
+    for v in 1..=3 {
+        write_events(
+            &mut w,
+            &[NewEvent::new(
+                "acct",
+                "T",
+                v,
+                "Deposited",
+                serde_json::json!({ "v": v }),
+            )],
+            false,
+        )
+        .await?;
+    }
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.acct",
+        3,
+        Duration::from_secs(30),
+    )?;
+    if recs.len() != 3 {
+        eprintln!(
+            "{}",
+            outboxd_cli(&["status"], &env.dir.path().join("good.toml")).1
+        );
+    }
+    assert_eq!(recs.len(), 3);
+    let kinds: Vec<(String, bool)> = c
+        .query(
+            "SELECT a.backend_type, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.usename = 'relay' ORDER BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(
+        kinds.iter().any(|(k, _)| k == "walsender") && kinds.iter().all(|(_, ssl)| *ssl),
+        "{kinds:?}"
+    );
+    relay.shutdown().await?;
+    Ok(())
+}
