@@ -1,6 +1,7 @@
 //! TLS to Postgres: a server that admits the relay's role only over TLS (`hostssl`), with a
 //! certificate from a private CA. `verify-full` streams events and both of the relay's
-//! connections (SQL and walsender) are encrypted; a plain connection, a certificate from
+//! connections (SQL and walsender) are encrypted, also when the role logs in by client
+//! certificate; a plain connection, a certificate from
 //! another CA and a host name the certificate does not list are refused with the fix.
 
 use outboxd_tests::testkit::{Broker, PgOptions, Postgres, PG_PASSWORD};
@@ -28,7 +29,17 @@ fn ca(name: &str) -> anyhow::Result<Ca> {
 
 /// A server certificate for 127.0.0.1 only (no DNS name), signed by `ca`: (cert, key) PEM.
 fn server_cert(ca: &Ca) -> anyhow::Result<(String, String)> {
-    let p = CertificateParams::new(vec!["127.0.0.1".to_string()])?;
+    signed(ca, CertificateParams::new(vec!["127.0.0.1".to_string()])?)
+}
+
+/// A client certificate for role `user` (Postgres matches the CN), signed by `ca`.
+fn client_cert(ca: &Ca, user: &str) -> anyhow::Result<(String, String)> {
+    let mut p = CertificateParams::new(Vec::<String>::new())?;
+    p.distinguished_name.push(DnType::CommonName, user);
+    signed(ca, p)
+}
+
+fn signed(ca: &Ca, p: CertificateParams) -> anyhow::Result<(String, String)> {
     let key = KeyPair::generate()?;
     let cert = p.signed_by(&key, &ca.cert, &ca.key)?;
     Ok((cert.pem(), key.serialize_pem()))
@@ -40,6 +51,8 @@ host all postgres 127.0.0.1/32 scram-sha-256
 host replication postgres 127.0.0.1/32 scram-sha-256
 hostssl all relay 127.0.0.1/32 scram-sha-256
 hostssl replication relay 127.0.0.1/32 scram-sha-256
+hostssl all relaycert 127.0.0.1/32 cert
+hostssl replication relaycert 127.0.0.1/32 cert
 ";
 
 /// The relay's config: role `relay`, the given DSN host part and `[source]` TLS lines.
@@ -68,10 +81,12 @@ async fn tls_only_server_verify_full_streams_and_mistakes_are_named() -> anyhow:
             ("ssl".into(), "on".into()),
             ("ssl_cert_file".into(), "server.crt".into()),
             ("ssl_key_file".into(), "server.key".into()),
+            ("ssl_ca_file".into(), "root.crt".into()),
         ],
         files: vec![
             ("server.crt".into(), cert.into_bytes()),
             ("server.key".into(), key.into_bytes()),
+            ("root.crt".into(), good.cert.pem().into_bytes()),
             ("pg_hba.conf".into(), HBA.as_bytes().to_vec()),
         ],
         ..PgOptions::default()
@@ -79,7 +94,8 @@ async fn tls_only_server_verify_full_streams_and_mistakes_are_named() -> anyhow:
     let env = Env::with(pg, Broker::start()?, "tls").await?;
     let c = env.sql().await?;
     c.batch_execute(&format!(
-        "CREATE ROLE relay LOGIN SUPERUSER PASSWORD '{RELAY_PW}'"
+        "CREATE ROLE relay LOGIN SUPERUSER PASSWORD '{RELAY_PW}'; \
+         CREATE ROLE relaycert LOGIN SUPERUSER"
     ))
     .await?;
     let ca_file = env.dir.path().join("ca.pem");
@@ -126,9 +142,27 @@ async fn tls_only_server_verify_full_streams_and_mistakes_are_named() -> anyhow:
     let (code, out) = check(&env, "name_ca", &named("verify-ca"))?;
     assert_eq!(code, 0, "verify-ca ignores the host name: {out}");
 
-    // verify-full with the right CA: events stream, over TLS on both connections.
+    // verify-full with the right CA: the password role passes `check`; the relay streams as a
+    // role that logs in by client certificate (`cert` in pg_hba.conf), over TLS on both
+    // connections.
     let toml = relay_toml(&env, "127.0.0.1", &verify("verify-full", &ca_file));
     let (code, out) = check(&env, "good", &toml)?;
+    assert_eq!(code, 0, "{out}");
+    let (ccert, ckey) = client_cert(&good, "relaycert")?;
+    let (cert_file, key_file) = (env.dir.path().join("c.crt"), env.dir.path().join("c.key"));
+    std::fs::write(&cert_file, ccert)?;
+    std::fs::write(&key_file, ckey)?;
+    let toml = toml
+        .replace(&format!("relay:{RELAY_PW}@"), "relaycert@")
+        .replace(
+            "[source]\n",
+            &format!(
+                "[source]\nsslcert = \"{}\"\nsslkey = \"{}\"\n",
+                cert_file.display(),
+                key_file.display()
+            ),
+        );
+    let (code, out) = check(&env, "mtls", &toml)?;
     assert_eq!(code, 0, "{out}");
     let relay = Relay::start(outboxd::Config::from_toml_and_env(
         &toml,
@@ -158,14 +192,14 @@ async fn tls_only_server_verify_full_streams_and_mistakes_are_named() -> anyhow:
     if recs.len() != 3 {
         eprintln!(
             "{}",
-            outboxd_cli(&["status"], &env.dir.path().join("good.toml")).1
+            outboxd_cli(&["status"], &env.dir.path().join("mtls.toml")).1
         );
     }
     assert_eq!(recs.len(), 3);
     let kinds: Vec<(String, bool)> = c
         .query(
             "SELECT a.backend_type, s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
-             WHERE a.usename = 'relay' ORDER BY 1",
+             WHERE a.usename = 'relaycert' ORDER BY 1",
             &[],
         )
         .await?
