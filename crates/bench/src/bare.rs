@@ -27,6 +27,9 @@ pub struct BareArgs {
     pub ack_lsn: u64,
     #[arg(long, default_value_t = 10)]
     pub status_ms: u64,
+    /// Stream over TLS (sslmode=require, as outboxd's TLS variant).
+    #[arg(long)]
+    pub tls: bool,
 }
 
 /// Streams the slot until SIGTERM; confirms each commit as soon as it is received, and the
@@ -40,6 +43,11 @@ pub async fn run(a: BareArgs) -> Result<()> {
         .with_status_interval(status)
         .with_wakeup_interval(status)
         .with_buffer_size(1024);
+    let rc = if a.tls {
+        rc.with_tls(pgwire_replication::TlsConfig::require())
+    } else {
+        rc
+    };
     let mut client = ReplicationClient::connect(rc).await?;
     client.wait_started().await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

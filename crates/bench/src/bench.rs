@@ -86,6 +86,11 @@ pub struct Opts {
     /// Small everything: 2,000 events, one run, short latency points (for the test suite).
     #[arg(long)]
     pub smoke: bool,
+    /// Postgres also accepts TLS (self-signed certificate) and the throughput phase adds the
+    /// bare reader over TLS. The other contestants stream in plain text; measure outboxd over
+    /// TLS as a variant: --variant-env OUTBOXD_SOURCE_SSLMODE=require.
+    #[arg(long)]
+    pub ssl: bool,
     #[arg(long)]
     pub skip_polling: bool,
     #[arg(long)]
@@ -180,7 +185,7 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
     let machine = crate::procstat::machine();
     let started = chrono::Local::now();
     log("starting postgres and broker");
-    let mut w = World::start().await?;
+    let mut w = World::start(o.ssl).await?;
     let mut report = Report {
         command,
         started_at: started.to_rfc3339(),
@@ -245,6 +250,9 @@ async fn throughput(w: &mut World, o: &Opts, cfg: &RunCfg, tx: usize) -> Result<
         Contestant::CeilingBare,
         Contestant::Outboxd,
     ];
+    if o.ssl {
+        kinds.insert(2, Contestant::CeilingBareTls);
+    }
     if !o.variant_env.is_empty() {
         kinds.push(Contestant::OutboxdVariant);
     }

@@ -22,6 +22,9 @@ pub enum Contestant {
     CeilingRecvlogical,
     /// A bare pgwire-replication reader that only receives and confirms.
     CeilingBare,
+    /// The bare reader over TLS (`--ssl`): the ceiling of an encrypted stream. Not the
+    /// reference ceiling; compare TLS variants with it.
+    CeilingBareTls,
     Outboxd,
     /// outboxd with extra environment (`--variant-env`): a proposed fix, measured in the
     /// same run as the relay as it is.
@@ -34,6 +37,7 @@ impl Contestant {
         match self {
             Self::CeilingRecvlogical => "ceiling: pg_recvlogical",
             Self::CeilingBare => "ceiling: bare reader",
+            Self::CeilingBareTls => "ceiling: bare reader over TLS",
             Self::Outboxd => "outboxd",
             Self::OutboxdVariant => "outboxd (variant)",
             Self::Polling => "polling (SKIP LOCKED)",
@@ -45,6 +49,7 @@ impl Contestant {
         match self {
             Self::CeilingRecvlogical => "rl",
             Self::CeilingBare => "bare",
+            Self::CeilingBareTls => "baretls",
             Self::Outboxd => "ob",
             Self::OutboxdVariant => "obv",
             Self::Polling => "poll",
@@ -113,7 +118,8 @@ pub fn spawn(cmd: &mut Command, log: &Path) -> Result<u32> {
 }
 
 /// The outboxd config of one run: library defaults except a short status interval, so the
-/// slot's confirmed LSN (our stopwatch) trails the broker acks by at most `status_ms`.
+/// slot's confirmed LSN (our stopwatch) trails the broker acks by at most `status_ms`, and
+/// plain text (the bare reader's terms; TLS is measured as a variant, see `--ssl`).
 pub fn outboxd_toml(w: &World, slot: &str, topic: &str, status_ms: u64) -> String {
     format!(
         r#"[source]
@@ -122,6 +128,7 @@ slot = "{slot}"
 publication = "{PUBLICATION}"
 create_slot = false
 status_interval_ms = {status_ms}
+sslmode = "disable"
 [sink]
 topic = "{topic}"
 [sink.kafka]
@@ -163,12 +170,15 @@ pub fn slot_command(
             .env("PGPASSWORD", w.password());
             c
         }
-        Contestant::CeilingBare => {
+        Contestant::CeilingBare | Contestant::CeilingBareTls => {
             let mut c = Command::new(&cfg.bench_bin);
             c.arg("bare-reader")
                 .args(["--port", &w.pg.port.to_string(), "--db", world::DB])
                 .args(["--slot", slot, "--status-ms", &cfg.status_ms.to_string()])
                 .env("PGPASSWORD", w.password());
+            if kind == Contestant::CeilingBareTls {
+                c.arg("--tls");
+            }
             c
         }
         Contestant::Outboxd | Contestant::OutboxdVariant => {

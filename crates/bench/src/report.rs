@@ -245,9 +245,10 @@ fn mib(k: Option<u64>) -> String {
     k.map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
 }
 
-const ORDER: [Contestant; 5] = [
+const ORDER: [Contestant; 6] = [
     Contestant::CeilingRecvlogical,
     Contestant::CeilingBare,
+    Contestant::CeilingBareTls,
     Contestant::Outboxd,
     Contestant::OutboxdVariant,
     Contestant::Polling,
@@ -365,7 +366,9 @@ impl Report {
                     opt(x.relay_us.map(|u| u / 10.0), 3),
                     mib(x.rss_kib),
                     match k {
-                        Contestant::CeilingRecvlogical | Contestant::CeilingBare => "n/a",
+                        Contestant::CeilingRecvlogical
+                        | Contestant::CeilingBare
+                        | Contestant::CeilingBareTls => "n/a",
                         _ if x.verified => "all events, in order",
                         _ => "NO",
                     }

@@ -131,14 +131,34 @@ pub struct World {
 }
 
 impl World {
-    pub async fn start() -> Result<Self> {
-        let pg = Postgres::start_with(PgOptions {
+    /// `ssl`: the server also accepts TLS (a throwaway self-signed certificate for 127.0.0.1);
+    /// each client still chooses (`sslmode`).
+    pub async fn start(ssl: bool) -> Result<Self> {
+        let mut opts = PgOptions {
             settings: PG_SETTINGS
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             ..PgOptions::default()
-        })?;
+        };
+        if ssl {
+            let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])?;
+            opts.files = vec![
+                ("server.crt".into(), ck.cert.pem().into_bytes()),
+                (
+                    "server.key".into(),
+                    ck.key_pair.serialize_pem().into_bytes(),
+                ),
+            ];
+            for (k, v) in [
+                ("ssl", "on"),
+                ("ssl_cert_file", "server.crt"),
+                ("ssl_key_file", "server.key"),
+            ] {
+                opts.settings.push((k.into(), v.into()));
+            }
+        }
+        let pg = Postgres::start_with(opts)?;
         let broker = Broker::start()?;
         let broker_pid = procstat::find_pid_by_cmdline(&format!("tcp://127.0.0.1:{}", broker.port));
         pg.create_database(DB).await?;

@@ -10,6 +10,8 @@ fn bench_smoke_completes_and_verifies_every_event() {
     let chart = dir.path().join("latency.svg");
     let out = Command::new(env!("CARGO_BIN_EXE_outboxd-bench"))
         .args(["run", "--smoke"])
+        // TLS too: the bare reader over TLS and outboxd over TLS as the variant.
+        .args(["--ssl", "--variant-env", "OUTBOXD_SOURCE_SSLMODE=require"])
         .arg("--relay-bin")
         .arg(env!("CARGO_BIN_EXE_outboxd-bench-relay"))
         .arg("--json")
@@ -26,7 +28,7 @@ fn bench_smoke_completes_and_verifies_every_event() {
     );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let runs = r["scenarios"][0]["runs"].as_array().unwrap();
-    for who in ["Outboxd", "Polling"] {
+    for who in ["Outboxd", "OutboxdVariant", "Polling"] {
         let run = runs
             .iter()
             .find(|x| x["contestant"] == who)
@@ -35,7 +37,7 @@ fn bench_smoke_completes_and_verifies_every_event() {
         assert_eq!(v["distinct"], v["expected"], "{who}: {v}");
         assert_eq!(v["out_of_order"], 0, "{who}: {v}");
     }
-    for who in ["CeilingRecvlogical", "CeilingBare"] {
+    for who in ["CeilingRecvlogical", "CeilingBare", "CeilingBareTls"] {
         assert!(runs.iter().any(|x| x["contestant"] == who), "no {who} run");
     }
     let big = r["big_txn"].as_array().unwrap();

@@ -72,8 +72,8 @@ pub fn validate(s: &SourceConfig) -> Result<(), String> {
 pub fn hint(error: &str) -> Option<&'static str> {
     let e = error.to_ascii_lowercase();
     Some(if e.contains("no encryption") {
-        "the server admits this role only over TLS: set source.sslmode \
-         (\"verify-full\" with source.sslrootcert, or \"require\")"
+        "no pg_hba.conf line admits this role without TLS: set source.sslmode \
+         (\"verify-full\" with source.sslrootcert, or \"require\"), or add a host line for it"
     } else if e.contains("unknownissuer") || e.contains("unknown issuer") {
         "the server's certificate is not signed by a CA in source.sslrootcert (the Mozilla \
          roots when unset): point source.sslrootcert at the CA that signed it"
