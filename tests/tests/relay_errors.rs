@@ -112,3 +112,22 @@ async fn wal_level_replica_is_refused_with_the_fix() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Every walsender taken (here: none configured): the SQL checks pass, so `check` must try
+/// the replication connection itself and name the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_free_walsender_is_named_by_check() -> anyhow::Result<()> {
+    let pg = Postgres::start_with(PgOptions {
+        settings: vec![("max_wal_senders".into(), "0".into())],
+        ..Default::default()
+    })?;
+    let env = Env::with(pg, Broker::start()?, "nosender").await?;
+    let (code, text, took) = outboxd(&["check"], &env.config_file()?);
+    assert_ne!(code, 0, "{text}");
+    assert!(
+        text.contains("replication connection") && text.contains("raise max_wal_senders"),
+        "{text}"
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    Ok(())
+}

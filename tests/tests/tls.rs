@@ -1,8 +1,8 @@
 //! TLS to Postgres: a server that admits the relay's role only over TLS (`hostssl`), with a
 //! certificate from a private CA. `verify-full` streams events and both of the relay's
 //! connections (SQL and walsender) are encrypted, also when the role logs in by client
-//! certificate; a plain connection, a certificate from
-//! another CA and a host name the certificate does not list are refused with the fix.
+//! certificate and reached through `hostaddr`; a plain connection, a certificate from another
+//! CA, a host name the certificate does not list and `verify-ca` are refused with the fix.
 
 use outboxd_tests::testkit::{Broker, PgOptions, Postgres, PG_PASSWORD};
 use outboxd_tests::*;
@@ -27,9 +27,11 @@ fn ca(name: &str) -> anyhow::Result<Ca> {
     })
 }
 
-/// A server certificate for 127.0.0.1 only (no DNS name), signed by `ca`: (cert, key) PEM.
+/// A server certificate for 127.0.0.1 and `db.outboxd.test` (a name no resolver knows: reached
+/// with `hostaddr`), signed by `ca`: (cert, key) PEM.
 fn server_cert(ca: &Ca) -> anyhow::Result<(String, String)> {
-    signed(ca, CertificateParams::new(vec!["127.0.0.1".to_string()])?)
+    let names = vec!["127.0.0.1".to_string(), "db.outboxd.test".to_string()];
+    signed(ca, CertificateParams::new(names)?)
 }
 
 /// A client certificate for role `user` (Postgres matches the CN), signed by `ca`.
@@ -50,9 +52,7 @@ local all all trust
 host all postgres 127.0.0.1/32 scram-sha-256
 host replication postgres 127.0.0.1/32 scram-sha-256
 hostssl all relay 127.0.0.1/32 scram-sha-256
-hostssl replication relay 127.0.0.1/32 scram-sha-256
 hostssl all relaycert 127.0.0.1/32 cert
-hostssl replication relaycert 127.0.0.1/32 cert
 ";
 
 /// The relay's config: role `relay`, the given DSN host part and `[source]` TLS lines.
@@ -126,25 +126,22 @@ async fn tls_only_server_verify_full_streams_and_mistakes_are_named() -> anyhow:
         code != 0 && out.contains("source.sslrootcert"),
         "unknown issuer must name sslrootcert: {out}"
     );
-    // Right CA, but reached by a name the certificate does not list: verify-full refuses,
-    // verify-ca (chain only) accepts.
-    let named = |mode: &str| {
-        relay_toml(&env, "localhost", &verify(mode, &ca_file)).replace(
+    // Right CA, but reached by a name the certificate does not list: refused, and the fix
+    // (hostaddr) is named. verify-ca is refused up front with the same advice.
+    let by_name = |name: &str, mode: &str| {
+        relay_toml(&env, name, &verify(mode, &ca_file)).replace(
             &format!("/{}\"", env.db),
             &format!("/{}?hostaddr=127.0.0.1\"", env.db),
         )
     };
-    let (code, out) = check(&env, "name_full", &named("verify-full"))?;
-    assert!(
-        code != 0 && out.contains("verify-ca"),
-        "name mismatch must suggest verify-ca or the listed name: {out}"
-    );
-    let (code, out) = check(&env, "name_ca", &named("verify-ca"))?;
-    assert_eq!(code, 0, "verify-ca ignores the host name: {out}");
+    let (code, out) = check(&env, "name_full", &by_name("localhost", "verify-full"))?;
+    assert!(code != 0 && out.contains("hostaddr"), "{out}");
+    let (code, out) = check(&env, "name_ca", &by_name("localhost", "verify-ca"))?;
+    assert!(code != 0 && out.contains("hostaddr"), "{out}");
 
-    // verify-full with the right CA: the password role passes `check`; the relay streams as a
-    // role that logs in by client certificate (`cert` in pg_hba.conf), over TLS on both
-    // connections.
+    // verify-full with the right CA: the password role passes `check` by IP; the relay streams
+    // by the certificate's DNS name (hostaddr gives the address) as a role that logs in by
+    // client certificate (`cert` in pg_hba.conf), over TLS on both connections.
     let toml = relay_toml(&env, "127.0.0.1", &verify("verify-full", &ca_file));
     let (code, out) = check(&env, "good", &toml)?;
     assert_eq!(code, 0, "{out}");
@@ -152,7 +149,7 @@ async fn tls_only_server_verify_full_streams_and_mistakes_are_named() -> anyhow:
     let (cert_file, key_file) = (env.dir.path().join("c.crt"), env.dir.path().join("c.key"));
     std::fs::write(&cert_file, ccert)?;
     std::fs::write(&key_file, ckey)?;
-    let toml = toml
+    let toml = by_name("db.outboxd.test", "verify-full")
         .replace(&format!("relay:{RELAY_PW}@"), "relaycert@")
         .replace(
             "[source]\n",

@@ -109,7 +109,10 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
                 ),
                 Err(e) => line(false, "privileges", e.to_string()),
             });
-            match source::preflight(cfg, &sql, false).await {
+            let preflight = source::preflight(cfg, &sql, false).await;
+            let confirmed = preflight.as_ref().map_or(0, |(s, _)| s.confirmed_flush);
+            out.push(replication(cfg, confirmed).await);
+            match preflight {
                 Ok((slot, _)) => {
                     out.push(line(true, "wal_level / table / publication", "ok"));
                     out.push(line(
@@ -147,6 +150,30 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
         ),
     });
     out
+}
+
+/// The replication connection has its own pg_hba.conf lines (and TLS handshake), so it is tried
+/// for real: started on the slot and stopped at once, confirming nothing (the status updates
+/// carry at most the slot's own position, and the server never moves a slot backwards).
+async fn replication(cfg: &Config, confirmed: u64) -> CheckLine {
+    const WHAT: &str = "replication connection";
+    let start = source::start_stream(cfg, confirmed, Duration::from_secs(10));
+    match tokio::time::timeout(Duration::from_secs(15), start).await {
+        Ok(Ok(client)) => {
+            client.stop();
+            line(true, WHAT, "authenticated, streaming starts")
+        }
+        Ok(Err(RelayError::SlotBusy { pid, .. })) => line(
+            true,
+            WHAT,
+            format!("authenticated (the slot is streaming to PID {pid})"),
+        ),
+        Ok(Err(e)) if e.to_string().contains("does not exist") => {
+            line(true, WHAT, "authenticated (the slot does not exist yet)")
+        }
+        Ok(Err(e)) => line(false, WHAT, e.to_string()),
+        Err(_) => line(false, WHAT, "no answer within 15 s"),
+    }
 }
 
 async fn privileges(sql: &tokio_postgres::Client) -> Result<bool, RelayError> {

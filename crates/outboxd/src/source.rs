@@ -22,7 +22,7 @@ pub async fn sql_connect(cfg: &Config) -> Result<tokio_postgres::Client, RelayEr
     let mut pg = pg_config(cfg)?;
     let tls = crate::tls::sql_connector(&cfg.source, &mut pg)?;
     let (client, conn) = pg.connect(tls).await.map_err(|e| {
-        RelayError::Postgres(crate::tls::with_hint(format!(
+        RelayError::Postgres(with_hint(format!(
             "cannot connect to {}: {}",
             describe(&pg),
             crate::error::RelayError::from(e)
@@ -268,14 +268,31 @@ pub async fn start_stream(
     .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {
         crate::fail::hit("confirmed")
     }));
-    let mut client = ReplicationClient::connect(rc)
-        .await
-        .map_err(|e| match e.into() {
-            RelayError::Replication(m) => RelayError::Replication(crate::tls::with_hint(m)),
-            other => other,
-        })?;
-    client.wait_started().await?;
+    let hinted = |e: pgwire_replication::PgWireError| match e.into() {
+        RelayError::Replication(m) => RelayError::Replication(with_hint(m)),
+        other => other,
+    };
+    let mut client = ReplicationClient::connect(rc).await.map_err(hinted)?;
+    client.wait_started().await.map_err(hinted)?;
     Ok(client)
+}
+
+/// Appends what to change when a connection was refused for a reason we can name: TLS
+/// ([`crate::tls::hint`]), or no walsender left for the stream (the SQL connection works, so
+/// only the replication connection shows it).
+pub fn with_hint(msg: String) -> String {
+    let hint = if msg.contains("exceeds max_wal_senders") {
+        Some(
+            "every walsender is taken: raise max_wal_senders (needs a restart) or stop an \
+             unused replication client (pg_stat_replication lists them)",
+        )
+    } else {
+        crate::tls::hint(&msg)
+    };
+    match hint {
+        Some(h) => format!("{msg} — {h}"),
+        None => msg,
+    }
 }
 
 /// SQL work inside a session (status, slot health, repairs, parking) must not hang it on a
@@ -304,5 +321,15 @@ mod tests {
         assert_eq!(parse_lsn("16/B374D848").unwrap(), 0x16_B374_D848);
         assert_eq!(fmt_lsn(0x16_B374_D848), "16/B374D848");
         assert!(parse_lsn("nope").is_err());
+    }
+
+    #[test]
+    fn exhausted_walsenders_are_named() {
+        let m = with_hint(
+            "FATAL: number of requested standby connections exceeds max_wal_senders (currently 0)"
+                .into(),
+        );
+        assert!(m.contains("raise max_wal_senders"), "{m}");
+        assert_eq!(with_hint("timeout".into()), "timeout");
     }
 }

@@ -10,14 +10,16 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use serde::Deserialize;
 use std::path::Path;
 use std::sync::Arc;
 
 /// libpq's `sslmode`. `prefer` (libpq's default) and `require` encrypt without checking who
-/// answers; only `verify-ca` (chain) and `verify-full` (chain and host name) stop a
-/// man in the middle.
+/// answers; `verify-full` (chain and host name) stops a man in the middle. `verify-ca` is
+/// refused at config time: the replication client (pgwire-replication 0.5.0) fails its
+/// host-name exemption under the rustls we link, and a stream less verified than the SQL
+/// connection beside it would be a silent downgrade. `hostaddr` covers its use case.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum SslMode {
@@ -40,11 +42,19 @@ pub fn mode(s: &SourceConfig, dsn: &tokio_postgres::Config) -> SslMode {
 
 /// Config-time checks, so `outboxd check` names the mistake before anything connects.
 pub fn validate(s: &SourceConfig) -> Result<(), String> {
-    let verifies = matches!(s.sslmode, Some(SslMode::VerifyCa | SslMode::VerifyFull));
-    if s.sslrootcert.is_some() && !verifies {
+    if s.sslmode == Some(SslMode::VerifyCa) {
         return Err(
-            "source.sslrootcert is only used with source.sslmode = \"verify-ca\" or \
-                    \"verify-full\": set one of them (require/prefer do not check the certificate)"
+            "source.sslmode = \"verify-ca\" is not supported (the replication stream \
+                    cannot skip the host-name check): use \"verify-full\" and connect by a name \
+                    the certificate lists; `host=<that name> hostaddr=<ip>` in source.dsn keeps \
+                    connecting to the address"
+                .into(),
+        );
+    }
+    if s.sslrootcert.is_some() && s.sslmode != Some(SslMode::VerifyFull) {
+        return Err(
+            "source.sslrootcert is only used with source.sslmode = \"verify-full\": \
+                    set it (require/prefer do not check the certificate)"
                 .into(),
         );
     }
@@ -79,20 +89,12 @@ pub fn hint(error: &str) -> Option<&'static str> {
          roots when unset): point source.sslrootcert at the CA that signed it"
     } else if e.contains("notvalidforname") || e.contains("not valid for name") {
         "the server's certificate does not list the host in source.dsn: connect by a name it \
-         lists, or set source.sslmode = \"verify-ca\" (chain only)"
+         lists (`host=<that name> hostaddr=<ip>` keeps connecting to the address)"
     } else if e.contains("does not support tls") || e.contains("sslrequest rejected") {
         "the server has ssl = off: enable TLS on the server, or lower source.sslmode"
     } else {
         return None;
     })
-}
-
-/// Appends [`hint`]'s advice to a connection error message, when there is one.
-pub fn with_hint(msg: String) -> String {
-    match hint(&msg) {
-        Some(h) => format!("{msg} — {h}"),
-        None => msg,
-    }
 }
 
 /// The connector for the SQL connection; `pg`'s own ssl mode is set to match.
@@ -124,8 +126,7 @@ pub fn replication(
             SslMode::Disable => P::Disable,
             SslMode::Prefer => P::Prefer,
             SslMode::Require => P::Require,
-            SslMode::VerifyCa => P::VerifyCa,
-            SslMode::VerifyFull => P::VerifyFull,
+            SslMode::VerifyCa | SslMode::VerifyFull => P::VerifyFull,
         },
         ca_pem_path: s.sslrootcert.clone(),
         // Given explicitly, so an IP literal is checked against the certificate's IP entries
@@ -139,23 +140,17 @@ pub fn replication(
 fn client_config(s: &SourceConfig, mode: SslMode) -> Result<rustls::ClientConfig, String> {
     // An explicit provider: never depend on which one the process happened to install.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let chain = match mode {
-        SslMode::Disable | SslMode::Prefer | SslMode::Require => None,
-        SslMode::VerifyCa | SslMode::VerifyFull => Some(
-            WebPkiServerVerifier::builder_with_provider(
-                Arc::new(roots(s.sslrootcert.as_deref())?),
-                provider.clone(),
-            )
-            .build()
-            .map_err(|e| format!("TLS verifier: {e}"))?,
-        ),
-    };
-    let verifier: Arc<dyn ServerCertVerifier> = match chain {
-        Some(chain) if mode == SslMode::VerifyFull => chain,
-        chain => Arc::new(Lenient {
-            chain,
-            provider: provider.clone(),
-        }),
+    let verifier: Arc<dyn ServerCertVerifier> = match mode {
+        SslMode::Disable | SslMode::Prefer | SslMode::Require => {
+            Arc::new(EncryptOnly(provider.clone()))
+        }
+        // verify-ca never gets here (refused by `validate`); verify as fully as we can.
+        SslMode::VerifyCa | SslMode::VerifyFull => WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots(s.sslrootcert.as_deref())?),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| format!("TLS verifier: {e}"))?,
     };
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -194,35 +189,21 @@ fn roots(path: Option<&Path>) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// `prefer` / `require` (no chain: whose certificate it is goes unchecked, as in libpq) and
-/// `verify-ca` (the chain must lead to a trusted root, but the host name may differ: servers
-/// reached through an IP or a proxy name their certificate does not list). Either way the
-/// handshake must be signed by the certificate's key.
+/// `prefer` / `require`: whose certificate it is goes unchecked (as in libpq), but the
+/// handshake must still be signed by the certificate's key.
 #[derive(Debug)]
-struct Lenient {
-    chain: Option<Arc<WebPkiServerVerifier>>,
-    provider: Arc<CryptoProvider>,
-}
+struct EncryptOnly(Arc<CryptoProvider>);
 
-impl ServerCertVerifier for Lenient {
+impl ServerCertVerifier for EncryptOnly {
     fn verify_server_cert(
         &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp: &[u8],
-        now: UnixTime,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let Some(chain) = &self.chain else {
-            return Ok(ServerCertVerified::assertion());
-        };
-        // webpki checks the chain first, so a name error means the chain was fine.
-        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
+        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -231,7 +212,7 @@ impl ServerCertVerifier for Lenient {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algs = &self.provider.signature_verification_algorithms;
+        let algs = &self.0.signature_verification_algorithms;
         verify_tls12_signature(message, cert, dss, algs)
     }
 
@@ -241,14 +222,12 @@ impl ServerCertVerifier for Lenient {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algs = &self.provider.signature_verification_algorithms;
+        let algs = &self.0.signature_verification_algorithms;
         verify_tls13_signature(message, cert, dss, algs)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -281,7 +260,9 @@ mod tests {
         let e = source("sslrootcert = \"/etc/hosts\"")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("verify-ca"), "{e}");
+        assert!(e.contains("verify-full"), "{e}");
+        let e = source("sslmode = \"verify-ca\"").unwrap_err().to_string();
+        assert!(e.contains("hostaddr"), "{e}");
         let e = source("sslmode = \"verify-full\"\nsslrootcert = \"/nonexistent/ca.pem\"")
             .unwrap_err()
             .to_string();
@@ -302,11 +283,11 @@ mod tests {
                 "invalid peer certificate: UnknownIssuer",
                 "source.sslrootcert",
             ),
-            ("invalid peer certificate: NotValidForName", "verify-ca"),
+            ("invalid peer certificate: NotValidForName", "hostaddr"),
             ("server does not support TLS", "ssl = off"),
         ] {
-            assert!(with_hint(err.into()).contains(fix), "{err}");
+            assert!(hint(err).is_some_and(|h| h.contains(fix)), "{err}");
         }
-        assert_eq!(with_hint("connection refused".into()), "connection refused");
+        assert_eq!(hint("connection refused"), None);
     }
 }
