@@ -408,8 +408,16 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.source;
-        tokio_postgres::Config::from_str(&s.dsn)
+        let dsn = tokio_postgres::Config::from_str(&s.dsn)
             .map_err(|e| invalid(format!("source.dsn is not a valid Postgres DSN: {e}")))?;
+        if let Some(tokio_postgres::config::Host::Unix(dir)) = dsn.get_hosts().first() {
+            // The replication client speaks TCP only (and Postgres offers no TLS on sockets).
+            return Err(invalid(format!(
+                "source.dsn connects through the Unix socket in {}: the replication stream needs \
+                 TCP; use host=127.0.0.1 (or the server's address)",
+                dir.display()
+            )));
+        }
         for (v, key) in [
             (&s.slot, "source.slot"),
             (&s.publication, "source.publication"),
@@ -559,6 +567,20 @@ dsn = "postgres://u@127.0.0.1:5432/app"
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn unix_socket_dsn_is_refused_with_the_fix() {
+        let e = Config::from_toml_and_env(
+            &BASE.replace(
+                "postgres://u@127.0.0.1:5432/app",
+                "host=/run/postgresql dbname=app",
+            ),
+            vec![],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("host=127.0.0.1"), "{e}");
     }
 
     #[test]
