@@ -152,8 +152,8 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
     out
 }
 
-/// The replication connection has its own pg_hba.conf lines (and TLS handshake), so it is tried
-/// for real: started on the slot and stopped at once, confirming nothing (the status updates
+/// The replication connection has its own TLS handshake and needs a free walsender, so it is
+/// tried for real: started on the slot and stopped at once, confirming nothing (the status updates
 /// carry at most the slot's own position, and the server never moves a slot backwards).
 async fn replication(cfg: &Config, confirmed: u64) -> CheckLine {
     const WHAT: &str = "replication connection";

@@ -58,11 +58,12 @@ pub struct Watch {
     parked_seen: HashSet<(String, String)>,
     oldest_age: f64,
     started: Instant,
-    start_confirmed: u64,
+    /// An acknowledgement moved the slot in this session (the broker path works end to end).
+    pub delivered: bool,
 }
 
 impl Watch {
-    pub fn new(cfg: &Config, confirmed: u64) -> Self {
+    pub fn new(cfg: &Config) -> Self {
         let now = Instant::now();
         let hb = cfg.heartbeat.interval_ms;
         Self {
@@ -86,7 +87,7 @@ impl Watch {
             parked_seen: HashSet::new(),
             oldest_age: 0.0,
             started: now,
-            start_confirmed: confirmed,
+            delivered: false,
         }
     }
 
@@ -279,10 +280,11 @@ impl Stages {
         let hb_delay = self.watch.last_hb.map(|(_, d)| d);
         let hb_at = self.watch.last_hb_wall.map(|us| us as f64 / 1e6);
         // The failure streak the supervisor recorded ends only when this session proves healthy
-        // (it moved the slot, or outlived the supervisor's reset window); until then a retry
-        // that is about to fail again keeps showing the streak and the attempt in progress.
-        let healthy = self.tracker.confirmed() > self.watch.start_confirmed
-            || self.watch.started.elapsed() > crate::HEALTHY_SESSION;
+        // (an ack moved the slot, or it outlived the supervisor's reset window); until then a
+        // retry that is about to fail again keeps showing the streak and the attempt in
+        // progress. Keepalive confirms do not count: a halted relay may still confirm WAL that
+        // lies before the event it halts at.
+        let healthy = self.watch.delivered || self.watch.started.elapsed() > crate::HEALTHY_SESSION;
         self.sql
             .execute(
                 "INSERT INTO outboxd_status (slot, instance, updated_at, confirmed_lsn, pending_events, \

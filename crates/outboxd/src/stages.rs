@@ -86,7 +86,7 @@ impl Stages {
             meta_base: 0,
             labels: Vec::new(),
             label_idx: Default::default(),
-            watch: crate::session_obs::Watch::new(cfg, confirmed),
+            watch: crate::session_obs::Watch::new(cfg),
             advanced_by_ack: false,
         })
     }
@@ -97,7 +97,9 @@ impl Stages {
         }
         let before = self.tracker.confirmed();
         let r = self.on_stream_ack(ack).await;
-        self.advanced_by_ack |= self.tracker.confirmed() > before;
+        let advanced = self.tracker.confirmed() > before;
+        self.advanced_by_ack |= advanced;
+        self.watch.delivered |= advanced;
         r
     }
 
