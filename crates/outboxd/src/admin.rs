@@ -4,15 +4,11 @@
 use crate::config::{Config, Preset};
 use crate::error::RelayError;
 use crate::producer::Producer;
-use crate::source;
+use crate::source::{self, quote_ident};
 use std::time::Duration;
 
 /// The default schema, exactly as shipped in `sql/001_outbox.sql`.
 pub const OUTBOX_SQL: &str = include_str!("../../../sql/001_outbox.sql");
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
 
 /// Creates the outbox table (default schema only), the publication and the slot when missing.
 pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
@@ -64,7 +60,30 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     }
     crate::parking::ensure_tables(&sql).await?;
     done.push("tables outbox_parked, outbox_parked_audit and outboxd_status present".into());
+    // From now on a lost slot is detected and its gap recovered (docs/reliability.md). The row
+    // is written BEFORE the slot exists: a change written after the slot but before a
+    // publication the user creates next would make pgoutput fail with "publication does not
+    // exist" (it reads publications as of each change).
+    crate::slot_state::ensure_table(&sql).await?;
+    if crate::slot_state::load(&sql, &cfg.source.slot)
+        .await?
+        .is_none()
+    {
+        let identity = source::identity(&sql).await?;
+        let lsn = match source::slot_state(cfg, &sql).await? {
+            Some(s) => s.confirmed_flush,
+            None => {
+                let l: String = sql
+                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                    .await?
+                    .get(0);
+                source::parse_lsn(&l)?
+            }
+        };
+        crate::slot_state::reset(&sql, &cfg.source.slot, &identity, lsn, None).await?;
+    }
     let (slot, _) = source::preflight(cfg, &sql, true).await?;
+    done.push("table outboxd_slot_state present".into());
     done.push(format!(
         "slot {} present (confirmed_flush_lsn {})",
         cfg.source.slot,
@@ -139,6 +158,7 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
             if let Some(l) = columns(cfg, &sql).await {
                 out.push(l);
             }
+            out.push(failover(cfg, &sql).await);
         }
     }
     out.push(match broker(cfg) {
@@ -174,6 +194,57 @@ async fn replication(cfg: &Config, confirmed: u64) -> CheckLine {
         Ok(Err(e)) => line(false, WHAT, e.to_string()),
         Err(_) => line(false, WHAT, "no answer within 15 s"),
     }
+}
+
+/// Whether the slot survives a promotion (PG17+ failover slots synchronized to standbys).
+async fn failover(cfg: &Config, sql: &tokio_postgres::Client) -> CheckLine {
+    const WHAT: &str = "failover";
+    let major = match source::server_major(sql).await {
+        Ok(m) => m,
+        Err(e) => return line(false, WHAT, e.to_string()),
+    };
+    if major < 17 {
+        return line(
+            true,
+            WHAT,
+            format!(
+                "Postgres {major} has no failover slots: after a promotion the slot is missing and \
+                 outboxd republishes the gap from the outbox table (on_slot_loss = {:?})",
+                cfg.source.on_slot_loss
+            ),
+        );
+    }
+    let q = "SELECT (SELECT failover FROM pg_replication_slots WHERE slot_name = $1), \
+                    current_setting('synchronized_standby_slots'), \
+                    (SELECT count(*) FROM pg_stat_replication WHERE application_name NOT LIKE 'outboxd:%')";
+    let row = match sql.query_one(q, &[&cfg.source.slot]).await {
+        Ok(r) => r,
+        Err(e) => return line(false, WHAT, RelayError::from(e).to_string()),
+    };
+    let (fo, sync, standbys): (Option<bool>, String, i64) = (row.get(0), row.get(1), row.get(2));
+    let slot = match fo {
+        Some(true) => "a failover slot",
+        Some(false) => "NOT a failover slot (created before outboxd made failover slots; a promotion loses it and outboxd recovers from the table)",
+        None => "not created yet (it will be a failover slot)",
+    };
+    let sync_txt = if sync.is_empty() {
+        "synchronized_standby_slots is empty: the relay may be sent changes a standby has not \
+         received yet, so after a promotion the synced slot can be behind (duplicates) or, if \
+         the standby's copy never caught up, missing (outboxd recovers). List the standbys' \
+         physical slots there"
+            .to_string()
+    } else {
+        format!("synchronized_standby_slots = '{sync}'")
+    };
+    line(
+        true,
+        WHAT,
+        format!(
+            "slot {} is {slot}; {sync_txt}; {standbys} standby connection(s); standbys need \
+             sync_replication_slots = on, hot_standby_feedback = on and dbname in primary_conninfo",
+            cfg.source.slot
+        ),
+    )
 }
 
 async fn privileges(sql: &tokio_postgres::Client) -> Result<bool, RelayError> {

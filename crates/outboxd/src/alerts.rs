@@ -107,6 +107,16 @@ pub fn rules(cfg: &AlertsConfig) -> String {
             .into(),
     });
     rules.push(Rule {
+        alert: "OutboxdSlotLost",
+        expr: format!("sum(increase({}[15m])) > 0", obs::SLOT_LOSSES),
+        for_: "0s",
+        severity: "page",
+        labels: vec![],
+        summary: "the replication slot was lost (dropped, invalidated, failover or restore): \
+                  check that the recovery finished (outboxd status) or run outboxd recover"
+            .into(),
+    });
+    rules.push(Rule {
         alert: "OutboxdSlotWalEndangered",
         expr: format!(
             "max({}{{status=~\"unreserved|lost\"}}) == 1",

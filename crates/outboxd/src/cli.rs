@@ -35,6 +35,21 @@ pub enum Cmd {
     },
     /// Print Prometheus alerting rules generated from the [alerts] section.
     Alerts(ConfigArg),
+    /// Republish what a lost replication slot never streamed, from the outbox table.
+    ///
+    /// Without --since: the gap outboxd detected (slot dropped, invalidated, failover, restore),
+    /// as `run` does by itself under on_slot_loss = "recover". With --since: every outbox row
+    /// created since then (e.g. after restoring into a new cluster). Stop the relay first.
+    Recover {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Republish rows created at or after this time (RFC 3339, e.g. 2026-12-03T10:00:00Z).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Print the range and counts per event type; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Inspect and repair parked (poison) events.
     Parked {
         #[command(flatten)]
@@ -87,6 +102,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Run(a) | Cmd::Init(a) | Cmd::Check(a) | Cmd::Alerts(a) => a.config.clone(),
         Cmd::Status { config, .. } => config.config.clone(),
         Cmd::Parked { config, .. } => config.config.clone(),
+        Cmd::Recover { config, .. } => config.config.clone(),
     };
     let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
     init_logging(cfg.log.format);
@@ -140,6 +156,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Parked { cmd, .. } => {
             println!("{}", crate::parked_cmd::run(&cfg, cmd).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Recover { since, dry_run, .. } => {
+            print!("{}", crate::recover_cmd::run(&cfg, since, dry_run).await?);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Init(_) => {

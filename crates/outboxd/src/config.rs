@@ -122,6 +122,29 @@ pub struct SourceConfig {
     pub sslcert: Option<std::path::PathBuf>,
     #[serde(default)]
     pub sslkey: Option<std::path::PathBuf>,
+    /// What to do when the slot is gone, invalidated or belongs to another history (failover,
+    /// restore, `max_slot_wal_keep_size`, an operator's DROP): `recover` republishes the gap
+    /// from the outbox table, `halt` exits naming the gap and the command that recovers it.
+    #[serde(default)]
+    pub on_slot_loss: SlotLossPolicy,
+    /// How far before the delivery mark a recovery starts reading the outbox (`created_at` is
+    /// the writer's transaction start, which precedes its commit by the transaction's length).
+    /// Seconds, or a duration such as "10m".
+    #[serde(default = "d_recovery_window", deserialize_with = "duration_secs")]
+    pub recovery_window: Duration,
+    /// How often the acknowledged position and delivery mark are written to
+    /// `outboxd_slot_state` (what a Postgres crash may replay is bounded by it).
+    #[serde(default = "d_state_ms", deserialize_with = "lenient")]
+    pub state_interval_ms: u64,
+}
+
+/// `source.on_slot_loss`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotLossPolicy {
+    #[default]
+    Recover,
+    Halt,
 }
 
 /// Column names of the outbox table. `preset = "debezium"` reads Debezium's outbox table
@@ -330,6 +353,31 @@ fn d_true() -> bool {
 fn d_status_ms() -> u64 {
     1000
 }
+fn d_state_ms() -> u64 {
+    1000
+}
+fn d_recovery_window() -> Duration {
+    Duration::from_secs(600)
+}
+
+/// A duration as whole seconds (TOML integer or string) or a humantime string ("10m", "90s").
+fn duration_secs<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        N(u64),
+        S(String),
+    }
+    match Either::deserialize(d)? {
+        Either::N(n) => Ok(Duration::from_secs(n)),
+        Either::S(s) => match s.trim().parse::<u64>() {
+            Ok(n) => Ok(Duration::from_secs(n)),
+            Err(_) => humantime::parse_duration(s.trim()).map_err(|e| {
+                serde::de::Error::custom(format!("{e}: use seconds or a duration such as \"10m\""))
+            }),
+        },
+    }
+}
 fn d_topic() -> String {
     "outbox.event.{aggregate_type}".into()
 }
@@ -472,6 +520,9 @@ impl Config {
         }
         if s.status_interval_ms == 0 {
             return Err(invalid("source.status_interval_ms must be positive"));
+        }
+        if s.state_interval_ms == 0 {
+            return Err(invalid("source.state_interval_ms must be positive"));
         }
         Ok(())
     }

@@ -25,6 +25,15 @@ pub enum RelayError {
     SlotBusy { slot: String, pid: String },
     #[error("kafka producer: {0}")]
     Kafka(String),
+    /// The server refused to stream from an invalidated slot. Transient: the next session
+    /// sees the invalidation in `pg_replication_slots` and applies `source.on_slot_loss`.
+    #[error("replication slot invalidated: {0}")]
+    SlotInvalidated(String),
+    /// The slot lost events and outboxd may not, or cannot, recover them by itself
+    /// (`on_slot_loss = "halt"`, rows already gone, nothing bounds the gap). The message names
+    /// the gap and the command that recovers it.
+    #[error("{0}")]
+    SlotLost(String),
     /// The broker did not acknowledge an event. Never skipped: the session restarts from the
     /// last confirmed LSN and produces the same record again.
     #[error("delivery of event {event_id} failed ({code}): {message}")]
@@ -56,6 +65,7 @@ impl RelayError {
                 | Self::Replication(_)
                 | Self::SlotBusy { .. }
                 | Self::Kafka(_)
+                | Self::SlotInvalidated(_)
                 | Self::Delivery { .. }
                 | Self::Halted { .. }
         )
@@ -70,6 +80,8 @@ impl RelayError {
             Self::Replication(_) => "replication",
             Self::SlotBusy { .. } => "slot_busy",
             Self::Kafka(_) => "kafka",
+            Self::SlotInvalidated(_) => "slot_invalidated",
+            Self::SlotLost(_) => "slot_lost",
             Self::Delivery { .. } => "delivery",
             Self::Halted { .. } => "halted",
             Self::Decode(_) => "decode",
@@ -111,6 +123,13 @@ impl From<pgwire_replication::PgWireError> for RelayError {
                 .map(|(_, s)| s.trim().trim_matches('"').to_string())
                 .unwrap_or_default();
             return Self::SlotBusy { slot, pid };
+        }
+        // 55000 at START_REPLICATION: "can no longer get changes from replication slot",
+        // "This slot has been invalidated because ...".
+        if msg.contains("can no longer get changes from replication slot")
+            || msg.contains("has been invalidated")
+        {
+            return Self::SlotInvalidated(msg);
         }
         Self::Replication(msg)
     }

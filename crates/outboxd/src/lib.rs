@@ -6,6 +6,9 @@
 //! # Layout
 //! - [`config`]: TOML + `OUTBOXD_*` env configuration, validated up front.
 //! - [`source`]: SQL preflight checks, slot handling, and the replication stream.
+//! - [`slot_state`]: the durable memory of the stream (`outboxd_slot_state`);
+//!   [`slot_guard`]: slot-loss detection at session start; [`recovery`]: republishing a lost
+//!   slot's gap from the outbox table.
 //! - [`tls`]: TLS to Postgres (`sslmode` …) for the SQL connection and the stream alike.
 //! - [`pgoutput`]: our decoder for the Relation/Insert messages of the stream.
 //! - [`router`]: outbox row → Kafka record (topic template, key, value, headers, timestamp).
@@ -38,8 +41,12 @@ pub mod pgoutput;
 pub mod pipeline;
 pub mod policy;
 pub mod producer;
+pub mod recover_cmd;
+pub mod recovery;
 pub mod router;
 pub mod session_obs;
+pub mod slot_guard;
+pub mod slot_state;
 pub mod source;
 pub mod stages;
 pub mod status;

@@ -36,9 +36,24 @@ pub const PARKED: &str = "outboxd_parked_events";
 pub const PARKED_OLDEST_AGE: &str = "outboxd_parked_oldest_age_seconds";
 pub const POISON: &str = "outboxd_poison_events_total";
 pub const BLOCKED: &str = "outboxd_blocked_events_total";
+pub const SLOT_LOSSES: &str = "outboxd_slot_losses_total";
+pub const RECOVERIES: &str = "outboxd_recoveries_total";
+pub const RECOVERED_EVENTS: &str = "outboxd_recovered_events_total";
 
 /// Every metric outboxd exports, with its help text.
 pub const METRICS: &[(&str, &str)] = &[
+    (
+        SLOT_LOSSES,
+        "replication slot losses detected, per reason (missing, invalidated, new_system, interrupted, manual)",
+    ),
+    (
+        RECOVERIES,
+        "recoveries that republished a lost slot's gap from the outbox table and finished, per reason",
+    ),
+    (
+        RECOVERED_EVENTS,
+        "events republished from the outbox table by recoveries",
+    ),
     (UP, "1 while the process runs"),
     (
         ROLE_ACTIVE,

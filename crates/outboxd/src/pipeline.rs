@@ -9,6 +9,9 @@ use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
 use crate::producer::Producer;
+use crate::recovery;
+use crate::slot_guard::{self, Decision, Loss, LossReason};
+use crate::slot_state::{self, Identity};
 use crate::source::{self, fmt_lsn, sql_bounded};
 use crate::stages::Stages;
 use pgwire_replication::Lsn;
@@ -23,14 +26,33 @@ pub enum SessionEnd {
     Shutdown,
 }
 
+/// What a session is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Stream until shutdown (`outboxd run`).
+    Stream,
+    /// `outboxd recover`: republish outbox rows created since the given time (or, without one,
+    /// whatever gap the slot guard finds), then end without streaming.
+    RecoverOnly(Option<chrono::DateTime<chrono::Utc>>),
+}
+
 /// Runs one session until shutdown (Ok) or an error (transient or definite).
 pub async fn run_session(
     cfg: &Config,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<SessionEnd, RelayError> {
+    run_session_as(cfg, shutdown, Mode::Stream).await
+}
+
+/// [`run_session`] in the given [`Mode`].
+pub async fn run_session_as(
+    cfg: &Config,
+    shutdown: &mut watch::Receiver<bool>,
+    mode: Mode,
+) -> Result<SessionEnd, RelayError> {
     let sql = source::sql_connect(cfg).await?;
-    let (slot, sender_timeout) = source::preflight(cfg, &sql, cfg.source.create_slot).await?;
-    if let Some(pid) = slot.active_pid {
+    let (slot, sender_timeout) = source::preflight_opt(cfg, &sql).await?;
+    if let Some(pid) = slot.as_ref().and_then(|s| s.active_pid) {
         return Err(RelayError::SlotBusy {
             slot: cfg.source.slot.clone(),
             pid: pid.to_string(),
@@ -40,9 +62,114 @@ pub async fn run_session(
     if !sender_timeout.is_zero() {
         status_interval = status_interval.min(sender_timeout / 2);
     }
-    let mut st = sql_bounded(Stages::new(cfg, sql, slot.confirmed_flush)).await?;
+    touch_recovery_metrics();
+    sql_bounded(slot_state::ensure_table(&sql)).await?;
+    let identity = sql_bounded(source::identity(&sql)).await?;
+    let state = sql_bounded(slot_state::load(&sql, &cfg.source.slot)).await?;
+    let decision = match mode {
+        Mode::RecoverOnly(Some(since)) => Decision::Lost(manual_loss(
+            &slot_guard::decide(
+                state.as_ref(),
+                slot.as_ref(),
+                &identity,
+                cfg.source.recovery_window,
+            ),
+            slot.is_some(),
+            since,
+        )),
+        Mode::RecoverOnly(None) | Mode::Stream => slot_guard::decide(
+            state.as_ref(),
+            slot.as_ref(),
+            &identity,
+            cfg.source.recovery_window,
+        ),
+    };
+    if let (Mode::RecoverOnly(None), Decision::Stream { .. } | Decision::Adopt { .. }) =
+        (mode, &decision)
+    {
+        return Err(RelayError::Setup(format!(
+            "replication slot {:?} is healthy: nothing to recover. To republish rows anyway, \
+             pass --since TIME",
+            cfg.source.slot
+        )));
+    }
+    let mut recovery = None;
+    let start = match decision {
+        Decision::Create => {
+            if !cfg.source.create_slot || mode != Mode::Stream {
+                return Err(RelayError::Setup(format!(
+                    "replication slot {:?} does not exist: run `outboxd init --config FILE` or \
+                     set source.create_slot = true",
+                    cfg.source.slot
+                )));
+            }
+            let s = sql_bounded(source::create_slot_sql(cfg, &sql)).await?;
+            // The first start publishes nothing already in the table (a previous relay may
+            // have); `outboxd recover --since T` does, on request.
+            sql_bounded(slot_state::reset(
+                &sql,
+                &cfg.source.slot,
+                &identity,
+                s.confirmed_flush,
+                None,
+            ))
+            .await?;
+            s.confirmed_flush
+        }
+        Decision::Adopt { start } => {
+            sql_bounded(slot_state::reset(
+                &sql,
+                &cfg.source.slot,
+                &identity,
+                start,
+                None,
+            ))
+            .await?;
+            tracing::info!(slot = %cfg.source.slot, lsn = %fmt_lsn(start), "recording delivery state for an existing slot");
+            start
+        }
+        Decision::Stream { start, notes } => {
+            for n in notes {
+                tracing::warn!(slot = %cfg.source.slot, "{n}");
+            }
+            start
+        }
+        Decision::Lost(loss) => {
+            let manual = mode != Mode::Stream;
+            let p = recovery::prepare(cfg, &sql, &identity, &loss, manual, status_interval).await?;
+            let start = p.start;
+            recovery = Some(p);
+            start
+        }
+    };
+    let mut st = sql_bounded(Stages::new(cfg, sql, start)).await?;
     let (producer, mut acks) = Producer::new(cfg)?;
-    let mut repl = source::start_stream(cfg, slot.confirmed_flush, status_interval).await?;
+    let mut repl = match recovery {
+        None => source::start_stream(cfg, start, status_interval).await?,
+        Some(p) => {
+            let Some((gated, start)) =
+                recovery::publish(cfg, p, &mut st, &producer, &mut acks, shutdown).await?
+            else {
+                return Ok(SessionEnd::Shutdown);
+            };
+            if mode != Mode::Stream {
+                return Ok(SessionEnd::Shutdown);
+            }
+            match gated {
+                Some(mut g) => {
+                    g.update_applied_lsn(Lsn(start));
+                    source::begin_stream(&mut g).await?;
+                    g
+                }
+                None => source::start_stream(cfg, start, status_interval).await?,
+            }
+        }
+    };
+    let slot = source::SlotState {
+        confirmed_flush: start,
+        active_pid: None,
+        invalidation: None,
+    };
     tracing::info!(
         slot = %cfg.source.slot,
         publication = %cfg.source.publication,
@@ -61,6 +188,9 @@ pub async fn run_session(
     let max_bytes = cfg.relay.max_in_flight_bytes;
     let repair_every = Duration::from_millis(cfg.relay.repair_interval_ms);
     let mut next_repair = Instant::now();
+    let state_every = Duration::from_millis(cfg.source.state_interval_ms);
+    let mut next_state = Instant::now() + state_every;
+    let mut saved = (start, st.tracker.delivery_mark_us());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -87,6 +217,10 @@ pub async fn run_session(
                 },
                 _ = tick.tick() => {
                     sql_bounded(st.obs_tick(room)).await?;
+                    if Instant::now() >= next_state {
+                        next_state = Instant::now() + state_every;
+                        saved = save_state(cfg, &st, &identity, saved).await?;
+                    }
                     if Instant::now() >= next_repair {
                         next_repair = Instant::now() + repair_every;
                         sql_bounded(st.repair_tick(&producer)).await?;
@@ -129,6 +263,12 @@ pub async fn run_session(
     if c > reported {
         repl.update_applied_lsn(Lsn(c));
     }
+    // Bounded: the session may be ending because the connection went silent.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        save_state(cfg, &st, &identity, saved),
+    )
+    .await;
     if c > slot.confirmed_flush {
         // stop() sends no final status: wait until the server has taken our position.
         let wait_until = Instant::now() + status_interval * 2 + Duration::from_secs(1);
@@ -155,4 +295,60 @@ pub async fn run_session(
         "session ended"
     );
     result.map(|()| SessionEnd::Shutdown)
+}
+
+/// Records the acknowledged position and delivery mark when either moved since `saved`.
+async fn save_state(
+    cfg: &Config,
+    st: &Stages,
+    identity: &Identity,
+    saved: (u64, Option<i64>),
+) -> Result<(u64, Option<i64>), RelayError> {
+    let now = (st.tracker.confirmed(), st.tracker.delivery_mark_us());
+    if now.0 <= saved.0 && now.1 <= saved.1 {
+        return Ok(saved);
+    }
+    let mark = now.1.and_then(chrono::DateTime::from_timestamp_micros);
+    sql_bounded(slot_state::advance(
+        &st.sql,
+        &cfg.source.slot,
+        identity,
+        now.0,
+        mark,
+    ))
+    .await?;
+    fail::hit("state_written");
+    Ok(now)
+}
+
+/// The loss an operator's `recover --since T` stands for: the range is theirs; the slot is
+/// replaced only when the guard found it unusable.
+fn manual_loss(found: &Decision, slot_exists: bool, since: chrono::DateTime<chrono::Utc>) -> Loss {
+    let replace_slot = match found {
+        Decision::Lost(l) => l.replace_slot,
+        Decision::Create => true,
+        Decision::Adopt { .. } | Decision::Stream { .. } => false,
+    };
+    Loss {
+        reason: LossReason::Manual,
+        since: Some(since),
+        mark: None,
+        slot_exists,
+        replace_slot,
+    }
+}
+
+/// Zero series, so rates and alerts on them work before the first loss.
+fn touch_recovery_metrics() {
+    for reason in [
+        "missing",
+        "invalidated",
+        "new_system",
+        "interrupted",
+        "manual",
+    ] {
+        metrics::counter!(crate::obs::SLOT_LOSSES, "reason" => reason).increment(0);
+        metrics::counter!(crate::obs::RECOVERIES, "reason" => reason).increment(0);
+    }
+    metrics::counter!(crate::obs::RECOVERED_EVENTS).increment(0);
 }

@@ -15,6 +15,9 @@ use tokio_postgres::config::Host;
 pub struct SlotState {
     pub confirmed_flush: u64,
     pub active_pid: Option<i32>,
+    /// Why the slot can no longer stream (`wal_status = 'lost'`, PG17+ `invalidation_reason`,
+    /// PG16 `conflicting`), or `None` while it is usable.
+    pub invalidation: Option<String>,
 }
 
 /// Opens an ordinary SQL connection to the source (the connection task runs in the background).
@@ -48,7 +51,11 @@ fn pg_config(cfg: &Config) -> Result<tokio_postgres::Config, RelayError> {
 
 /// The first host of the DSN (a Unix socket directory as a path), or `default`.
 fn host_of(pg: &tokio_postgres::Config, default: &str) -> String {
-    match pg.get_hosts().first() {
+    nth_host(pg, 0, default)
+}
+
+fn nth_host(pg: &tokio_postgres::Config, i: usize, default: &str) -> String {
+    match pg.get_hosts().get(i) {
         Some(Host::Tcp(h)) => h.clone(),
         Some(Host::Unix(p)) => p.display().to_string(),
         None => default.into(),
@@ -72,6 +79,26 @@ pub async fn preflight(
     sql: &tokio_postgres::Client,
     create_slot: bool,
 ) -> Result<(SlotState, Duration), RelayError> {
+    let (slot, timeout) = preflight_opt(cfg, sql).await?;
+    let slot = match slot {
+        Some(s) => s,
+        None if create_slot => create_slot_sql(cfg, sql).await?,
+        None => {
+            return Err(RelayError::Setup(format!(
+                "replication slot {:?} does not exist: run `outboxd init --config FILE` or set \
+                 source.create_slot = true",
+                cfg.source.slot
+            )))
+        }
+    };
+    Ok((slot, timeout))
+}
+
+/// [`preflight`] without creating anything: `None` when the slot does not exist.
+pub async fn preflight_opt(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+) -> Result<(Option<SlotState>, Duration), RelayError> {
     let wal_level: String = sql.query_one("SHOW wal_level", &[]).await?.get(0);
     if wal_level != "logical" {
         return Err(RelayError::Setup(format!(
@@ -126,7 +153,7 @@ pub async fn preflight(
              ALTER PUBLICATION {publication} ADD TABLE {schema}.{table};"
         )));
     }
-    let slot = slot_state(cfg, sql, create_slot).await?;
+    let slot = slot_state(cfg, sql).await?;
     let timeout_ms: i64 = sql
         .query_one(
             "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'",
@@ -137,38 +164,19 @@ pub async fn preflight(
     Ok((slot, Duration::from_millis(timeout_ms.max(0) as u64)))
 }
 
-async fn slot_state(
+/// The slot as `pg_replication_slots` shows it, `None` when it does not exist.
+pub async fn slot_state(
     cfg: &Config,
     sql: &tokio_postgres::Client,
-    create: bool,
-) -> Result<SlotState, RelayError> {
+) -> Result<Option<SlotState>, RelayError> {
     let slot = &cfg.source.slot;
-    let q = "SELECT plugin, database = current_database(), confirmed_flush_lsn::text, active_pid \
-             FROM pg_replication_slots WHERE slot_name = $1";
-    let mut row = sql.query_opt(q, &[slot]).await?;
-    if row.is_none() {
-        if !create {
-            return Err(RelayError::Setup(format!(
-                "replication slot {slot:?} does not exist: run `outboxd init --config FILE` or set \
-                 source.create_slot = true"
-            )));
-        }
-        // Two instances may race to create it; the loser sees duplicate_object, which is fine.
-        if let Err(e) = sql
-            .execute(
-                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[slot],
-            )
-            .await
-        {
-            if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) {
-                return Err(RelayError::from(e));
-            }
-        }
-        tracing::info!(slot = %slot, "created replication slot");
-        row = sql.query_opt(q, &[slot]).await?;
-    }
-    let row = row.ok_or_else(|| RelayError::Postgres(format!("slot {slot:?} vanished")))?;
+    // to_jsonb reads columns that only newer servers have without failing on older ones.
+    let q = "SELECT plugin, database = current_database(), confirmed_flush_lsn::text, active_pid, \
+                    wal_status, to_jsonb(s) ->> 'invalidation_reason', to_jsonb(s) ->> 'conflicting' \
+             FROM pg_replication_slots s WHERE slot_name = $1";
+    let Some(row) = sql.query_opt(q, &[slot]).await? else {
+        return Ok(None);
+    };
     let plugin: Option<String> = row.get(0);
     if plugin.as_deref() != Some("pgoutput") {
         return Err(RelayError::Setup(format!(
@@ -183,10 +191,73 @@ async fn slot_state(
     }
     let lsn: Option<String> = row.get(2);
     let confirmed_flush = lsn.as_deref().map(parse_lsn).transpose()?.unwrap_or(0);
-    Ok(SlotState {
+    let wal_status: Option<String> = row.get(4);
+    let reason: Option<String> = row.get(5);
+    let conflicting: Option<String> = row.get(6);
+    let invalidation = match (wal_status.as_deref(), reason, conflicting.as_deref()) {
+        (_, Some(r), _) => Some(r),
+        (Some("lost"), None, _) => Some("wal_status = lost".to_string()),
+        (_, None, Some("true")) => Some("conflict with recovery".to_string()),
+        _ => None,
+    };
+    Ok(Some(SlotState {
         confirmed_flush,
         active_pid: row.get(3),
+        invalidation,
+    }))
+}
+
+/// The server's major version (14, 15, ...).
+pub async fn server_major(sql: &tokio_postgres::Client) -> Result<u32, RelayError> {
+    let v: String = sql.query_one("SHOW server_version_num", &[]).await?.get(0);
+    Ok(v.parse::<u32>().unwrap_or(0) / 10_000)
+}
+
+/// Creates the slot over SQL (first start, `init`). On Postgres 17+ it is a failover slot, so
+/// standbys with `sync_replication_slots = on` keep a copy that survives a promotion.
+pub async fn create_slot_sql(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+) -> Result<SlotState, RelayError> {
+    let slot = &cfg.source.slot;
+    let q = if server_major(sql).await? >= 17 {
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
+    // Two instances may race to create it; the loser sees duplicate_object, which is fine.
+    if let Err(e) = sql.execute(q, &[slot]).await {
+        if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) {
+            return Err(RelayError::from(e));
+        }
+    }
+    tracing::info!(slot = %slot, "created replication slot");
+    slot_state(cfg, sql)
+        .await?
+        .ok_or_else(|| RelayError::Postgres(format!("slot {slot:?} vanished")))
+}
+
+/// System identifier and current timeline of the server the SQL connection reached.
+pub async fn identity(
+    sql: &tokio_postgres::Client,
+) -> Result<crate::slot_state::Identity, RelayError> {
+    let row = sql
+        .query_one(
+            "SELECT system_identifier::text, \
+                    ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint \
+             FROM pg_control_system()",
+            &[],
+        )
+        .await?;
+    Ok(crate::slot_state::Identity {
+        system_id: row.get(0),
+        timeline: row.get::<_, i64>(1) as u32,
     })
+}
+
+/// A SQL identifier, quoted.
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// `16/B374D848` → u64.
@@ -221,27 +292,164 @@ pub async fn confirmed_flush(
         .map(|l| l.unwrap_or(0))
 }
 
-/// Starts streaming from the slot's own confirmed position; returns once the server accepted
-/// START_REPLICATION (so "slot active for PID n" surfaces here).
+/// Starts streaming at `start` (the slot's confirmed position, or the further acknowledged
+/// position from `outboxd_slot_state`: the server then skips transactions that commit before
+/// it); returns once the server accepted START_REPLICATION (so "slot active for PID n"
+/// surfaces here).
 pub async fn start_stream(
     cfg: &Config,
-    confirmed: u64,
+    start: u64,
     status_interval: Duration,
 ) -> Result<ReplicationClient, RelayError> {
+    let rc = replication_config(cfg, primary_index(cfg).await?, start, status_interval)?;
+    let mut client = ReplicationClient::connect(rc).await.map_err(hinted)?;
+    client.wait_started().await.map_err(hinted)?;
+    Ok(client)
+}
+
+/// An authenticated replication session that has not started streaming: recovery creates the
+/// slot on it (exporting the snapshot it reads the outbox under), then [`begin_stream`]s.
+pub async fn open_gated(
+    cfg: &Config,
+    status_interval: Duration,
+) -> Result<ReplicationClient, RelayError> {
+    let rc = replication_config(cfg, primary_index(cfg).await?, 0, status_interval)?;
+    ReplicationClient::connect_gated(rc).await.map_err(hinted)
+}
+
+/// START_REPLICATION on a gated session, from the slot's own confirmed position.
+pub async fn begin_stream(client: &mut ReplicationClient) -> Result<(), RelayError> {
+    client.start().await.map_err(hinted)?;
+    client.wait_started().await.map_err(hinted)
+}
+
+/// `CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT` on a gated session: returns the slot's
+/// consistent point and the snapshot that sees exactly what committed before it. The snapshot
+/// stays importable until the session runs its next command.
+pub async fn create_slot_exported(
+    cfg: &Config,
+    client: &mut ReplicationClient,
+    major: u32,
+) -> Result<(u64, String), RelayError> {
+    let slot = &cfg.source.slot;
+    let cmd = if major >= 17 {
+        format!(
+            "CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export', FAILOVER true)"
+        )
+    } else {
+        // The legacy spelling is understood by every supported server (14+).
+        format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
+    };
+    let rows = client.simple_query(&cmd).await.map_err(hinted)?;
+    let row = rows
+        .first()
+        .ok_or_else(|| RelayError::Replication("CREATE_REPLICATION_SLOT returned no row".into()))?;
+    let text = |i: usize| {
+        row.get(i)
+            .and_then(|v| v.as_ref())
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .ok_or_else(|| {
+                RelayError::Replication(format!("CREATE_REPLICATION_SLOT: column {i} is NULL"))
+            })
+    };
+    Ok((parse_lsn(&text(1)?)?, text(2)?))
+}
+
+fn hinted(e: pgwire_replication::PgWireError) -> RelayError {
+    match e.into() {
+        RelayError::Replication(m) => RelayError::Replication(with_hint(m)),
+        other => other,
+    }
+}
+
+/// Which host of a multi-host DSN (`host=a,b target_session_attrs=read-write`) the stream
+/// opens on: the one that is a writable primary now, so after a promotion the relay follows
+/// the new primary (where a PG17 failover slot waits). The SQL connection finds it by itself
+/// (tokio-postgres honours target_session_attrs); the replication client takes one host.
+async fn primary_index(cfg: &Config) -> Result<usize, RelayError> {
     let pg = pg_config(cfg)?;
-    let name = host_of(&pg, "127.0.0.1");
+    let n = pg.get_hosts().len();
+    if n <= 1 {
+        return Ok(0);
+    }
+    let mut tried = Vec::new();
+    for i in 0..n {
+        let mut one = single_host(&pg, i);
+        let tls = crate::tls::sql_connector(&cfg.source, &mut one)?;
+        let probe = async {
+            let (client, conn) = one.connect(tls).await?;
+            tokio::spawn(conn);
+            client.query_one("SELECT pg_is_in_recovery()", &[]).await
+        };
+        match tokio::time::timeout(Duration::from_secs(5), probe).await {
+            Ok(Ok(row)) if !row.get::<_, bool>(0) => return Ok(i),
+            Ok(Ok(_)) => tried.push(format!("{}: in recovery", describe(&one))),
+            Ok(Err(e)) => tried.push(format!("{}: {}", describe(&one), RelayError::from(e))),
+            Err(_) => tried.push(format!("{}: no answer within 5 s", describe(&one))),
+        }
+    }
+    Err(RelayError::Postgres(format!(
+        "no host of source.dsn is a writable primary ({})",
+        tried.join("; ")
+    )))
+}
+
+/// Host `i` of a multi-host config, with its port and hostaddr, everything else the same.
+fn single_host(pg: &tokio_postgres::Config, i: usize) -> tokio_postgres::Config {
+    let mut one = tokio_postgres::Config::new();
+    match pg.get_hosts().get(i) {
+        Some(Host::Tcp(h)) => one.host(h),
+        Some(Host::Unix(p)) => one.host_path(p),
+        None => one.host("localhost"),
+    };
+    let ports = pg.get_ports();
+    one.port(ports.get(i).or(ports.first()).copied().unwrap_or(5432));
+    if let Some(a) = pg.get_hostaddrs().get(i) {
+        one.hostaddr(*a);
+    }
+    if let Some(u) = pg.get_user() {
+        one.user(u);
+    }
+    if let Some(pw) = pg.get_password() {
+        one.password(pw);
+    }
+    if let Some(d) = pg.get_dbname() {
+        one.dbname(d);
+    }
+    if let Some(t) = pg.get_connect_timeout() {
+        one.connect_timeout(*t);
+    }
+    one.ssl_mode(pg.get_ssl_mode());
+    one.application_name("outboxd");
+    one
+}
+
+fn replication_config(
+    cfg: &Config,
+    host_index: usize,
+    start: u64,
+    status_interval: Duration,
+) -> Result<ReplicationConfig, RelayError> {
+    let pg = pg_config(cfg)?;
+    let name = nth_host(&pg, host_index, "127.0.0.1");
     // `hostaddr` says where to connect; the host name stays what TLS verifies.
-    let host = match pg.get_hostaddrs().first() {
+    let host = match pg.get_hostaddrs().get(host_index) {
         Some(addr) => addr.to_string(),
         None => name.clone(),
     };
+    let ports = pg.get_ports();
+    let port = ports
+        .get(host_index)
+        .or(ports.first())
+        .copied()
+        .unwrap_or(5432);
     let password = pg
         .get_password()
         .map(|p| String::from_utf8_lossy(p).into_owned())
         .unwrap_or_default();
     let user = pg.get_user().unwrap_or("postgres").to_string();
     let db = pg.get_dbname().unwrap_or(&user).to_string();
-    let rc = ReplicationConfig::new(
+    Ok(ReplicationConfig::new(
         host,
         user,
         password,
@@ -249,15 +457,15 @@ pub async fn start_stream(
         cfg.source.slot.clone(),
         cfg.source.publication.as_str(),
     )
-    .with_port(pg.get_ports().first().copied().unwrap_or(5432))
-    .with_start_lsn(Lsn(0))
-    .with_ack_lsn(Lsn(confirmed))
+    .with_port(port)
+    .with_start_lsn(Lsn(start))
+    .with_ack_lsn(Lsn(start))
     .with_status_interval(status_interval)
     .with_wakeup_interval(status_interval)
     .with_tls(crate::tls::replication(&cfg.source, &pg, &name))
     .with_buffer_size(1024)
     // Pin how the walsender renders values: created_at is parsed from this text.
-    .with_options("-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3")
+    .with_options(SESSION_OPTIONS)
     // The PID lets operators (and the HA tests) tell which instance holds the slot.
     .with_application_name(format!(
         "outboxd:{}:{}",
@@ -267,15 +475,12 @@ pub async fn start_stream(
     // Called after a status update that advanced the confirmed position was written.
     .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {
         crate::fail::hit("confirmed")
-    }));
-    let hinted = |e: pgwire_replication::PgWireError| match e.into() {
-        RelayError::Replication(m) => RelayError::Replication(with_hint(m)),
-        other => other,
-    };
-    let mut client = ReplicationClient::connect(rc).await.map_err(hinted)?;
-    client.wait_started().await.map_err(hinted)?;
-    Ok(client)
+    })))
 }
+
+/// How the walsender renders values; recovery reads the outbox with the same settings so its
+/// records are byte-identical to the stream's.
+pub const SESSION_OPTIONS: &str = "-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3";
 
 /// Appends what to change when a connection was refused for a reason we can name: TLS
 /// ([`crate::tls::hint`]), or no walsender left for the stream (the SQL connection works, so

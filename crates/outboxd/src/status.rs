@@ -132,7 +132,46 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     } else {
         (None, json!([]))
     };
-    Ok(json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked}))
+    let delivery = delivery_state(cfg, &sql).await?;
+    Ok(
+        json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "delivery_state": delivery}),
+    )
+}
+
+/// The relay's durable memory of the stream, and what the slot guard would decide now.
+async fn delivery_state(cfg: &Config, sql: &tokio_postgres::Client) -> Result<Value, RelayError> {
+    let state = crate::slot_state::load_if_present(sql, &cfg.source.slot).await?;
+    let Some(st) = state else {
+        return Ok(Value::Null);
+    };
+    let slot = source::slot_state(cfg, sql).await?;
+    let identity = source::identity(sql).await?;
+    let verdict = match crate::slot_guard::decide(
+        Some(&st),
+        slot.as_ref(),
+        &identity,
+        cfg.source.recovery_window,
+    ) {
+        crate::slot_guard::Decision::Lost(l) => format!(
+            "LOST ({}): {}; gap from {}",
+            l.reason.label(),
+            l.reason,
+            l.since.map_or("unknown".into(), |s| s.to_rfc3339())
+        ),
+        _ => "ok".into(),
+    };
+    Ok(json!({
+        "verdict": verdict,
+        "system_identifier": st.identity.system_id,
+        "timeline": st.identity.timeline,
+        "acked_lsn": source::fmt_lsn(st.acked_lsn),
+        "delivery_mark": st.delivery_mark.map(|t| t.to_rfc3339()),
+        "recovering_since": st.recovering_since.map(|t| t.to_rfc3339()),
+        "recoveries": st.recoveries,
+        "last_recovery_at": st.last_recovery_at.map(|t| t.to_rfc3339()),
+        "last_recovery_events": st.last_recovery_events,
+        "updated_seconds_ago": (chrono::Utc::now() - st.updated_at).num_milliseconds() as f64 / 1000.0,
+    }))
 }
 
 /// The human-readable form.
@@ -158,6 +197,27 @@ pub fn render(v: &Value) -> String {
     row("  retained WAL bytes", g("/slot/retained_wal_bytes"));
     row("  wal_status", g("/slot/wal_status"));
     row("  safe_wal_size", g("/slot/safe_wal_size"));
+    row("delivery state", g("/delivery_state/verdict"));
+    row("  acked lsn", g("/delivery_state/acked_lsn"));
+    row("  delivery mark", g("/delivery_state/delivery_mark"));
+    row(
+        "  system id / timeline",
+        format!(
+            "{} / {}",
+            g("/delivery_state/system_identifier"),
+            g("/delivery_state/timeline")
+        ),
+    );
+    row("  recovering since", g("/delivery_state/recovering_since"));
+    row(
+        "  recoveries (last)",
+        format!(
+            "{} ({} at {})",
+            g("/delivery_state/recoveries"),
+            g("/delivery_state/last_recovery_events"),
+            g("/delivery_state/last_recovery_at")
+        ),
+    );
     row("relay (last report)", g("/reported/instance"));
     row(
         "  reported seconds ago",

