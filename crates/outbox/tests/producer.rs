@@ -2,7 +2,6 @@
 //! or not at all, including on version conflicts.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 use anyhow::Result;
 use outboxd_outbox::{
@@ -14,23 +13,9 @@ use serde_json::{json, Value};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-/// One cluster per test binary; each test gets its own database so tests run in parallel.
-///
-/// The cluster is started from a thread that never exits: testkit children get
-/// `PR_SET_PDEATHSIG`, which fires when the *spawning thread* ends, and test threads end after
-/// each test.
+/// One cluster per test process, removed at exit (testkit's `shared_cluster`).
 fn cluster() -> &'static Postgres {
-    static PG: OnceLock<Postgres> = OnceLock::new();
-    PG.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            tx.send(Postgres::start()).expect("send cluster");
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("cluster thread").expect("start postgres")
-    })
+    outboxd_testkit::shared_cluster()
 }
 
 async fn fresh_db() -> Result<Client> {

@@ -687,6 +687,41 @@ impl Drop for Postgres {
     }
 }
 
+/// One cluster per test process, shared by its tests (each uses its own database).
+///
+/// Statics are never dropped, so the cluster is stopped and its directory removed by an
+/// `atexit` hook instead (the test harness exits the process normally, under nextest after
+/// every test). It is started from a thread that never exits: children get
+/// `PR_SET_PDEATHSIG`, which fires when the spawning *thread* ends.
+pub fn shared_cluster() -> &'static Postgres {
+    static PG: OnceLock<Postgres> = OnceLock::new();
+    extern "C" fn cleanup() {
+        if let Some(pg) = PG.get() {
+            if let Some(pid) = pg.child.as_ref().map(|c| c.id() as i32) {
+                // SAFETY: kill/waitpid on our own child; SIGQUIT is an immediate shutdown.
+                unsafe {
+                    libc::kill(pid, libc::SIGQUIT);
+                    libc::waitpid(pid, std::ptr::null_mut(), 0);
+                }
+            }
+            let _ = std::fs::remove_dir_all(pg.dir.path());
+        }
+    }
+    PG.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            tx.send(Postgres::start()).expect("send cluster");
+            loop {
+                std::thread::park();
+            }
+        });
+        let pg = rx.recv().expect("cluster thread").expect("start postgres");
+        // SAFETY: registers a plain function; it only touches the initialised static.
+        unsafe { libc::atexit(cleanup) };
+        pg
+    })
+}
+
 /// A tansu broker (memory storage). Dropping it kills the broker.
 pub struct Broker {
     pub port: u16,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -13,20 +13,9 @@ use serde_json::{json, Value};
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
-/// One cluster per test binary, started from a thread that never exits: testkit children get
-/// `PR_SET_PDEATHSIG`, which fires when the spawning *thread* ends.
+/// One cluster per test process, removed at exit (testkit's `shared_cluster`).
 pub fn cluster() -> &'static Postgres {
-    static PG: OnceLock<Postgres> = OnceLock::new();
-    PG.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            tx.send(Postgres::start()).expect("send cluster");
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("cluster thread").expect("start postgres")
-    })
+    outboxd_testkit::shared_cluster()
 }
 
 /// A fresh consumer database with the inbox schema and the projection tables.
