@@ -140,6 +140,16 @@ max_backoff_ms = 1000
         Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
     }
 
+    /// Waits until the slot confirmed everything written before this call (writes may go on).
+    pub async fn caught_up(&self, timeout: Duration) -> Result<()> {
+        let target = self.current_lsn().await?;
+        eventually(timeout, || async {
+            Ok(self.confirmed_lsn().await? >= target)
+        })
+        .await
+        .with_context(|| format!("the slot did not reach {target:X}"))
+    }
+
     /// Current WAL insert position.
     pub async fn current_lsn(&self) -> Result<u64> {
         let c = self.sql().await?;
@@ -1434,6 +1444,26 @@ pub mod reliability {
     /// The consumer's business table shows each committed event's effect exactly once:
     /// one `movement` row per committed event and none for anything else, and every account's
     /// balance, version and application count equal what the committed events imply.
+    /// Waits until `reader` applied every committed event and went quiet, stops it, and checks
+    /// the records (`verify_delivery`) and the consumer's effects (`verify_effects`).
+    pub async fn drain_and_verify(
+        reader: InboxReader,
+        wlog: &WriteLog,
+        agg_type: &str,
+        inbox_dsn: &str,
+    ) -> Result<(InboxStats, DeliveryReport)> {
+        let ids = wlog.committed.keys().copied().collect();
+        reader.wait_applied(&ids, Duration::from_secs(120)).await?;
+        reader
+            .wait_quiet(Duration::from_secs(1), Duration::from_secs(30))
+            .await?;
+        let (stats, records) = reader.stop().await?;
+        let report = verify_delivery(&records, wlog, agg_type)?;
+        verify_effects(inbox_dsn, wlog).await?;
+        assert!(stats.fatal.is_none(), "{stats:?}");
+        Ok((stats, report))
+    }
+
     pub async fn verify_effects(dsn: &str, log: &WriteLog) -> Result<()> {
         let c = connect_retry(dsn).await?;
         let twice: Vec<(Uuid, i64)> = c

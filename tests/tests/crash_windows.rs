@@ -118,15 +118,7 @@ async fn crash_window(
         "the successor must resume from the slot's confirmed LSN ({resume}); log:\n{text}"
     );
 
-    let ids = wlog.committed.keys().copied().collect();
-    reader.wait_applied(&ids, Duration::from_secs(120)).await?;
-    reader
-        .wait_quiet(Duration::from_secs(1), Duration::from_secs(30))
-        .await?;
-    let (stats, records) = reader.stop().await?;
-    let report = verify_delivery(&records, &wlog, "acct")?;
-    verify_effects(&inbox_dsn, &wlog).await?;
-    assert!(stats.fatal.is_none(), "{stats:?}");
+    let (stats, report) = drain_and_verify(reader, &wlog, "acct", &inbox_dsn).await?;
     assert_eq!(stats.records as usize, report.records, "{stats:?}");
     assert_eq!(
         stats.duplicates as usize, report.duplicates,

@@ -30,15 +30,7 @@ const TOPIC: &str = "outbox.event.acct";
 /// own thread) before events written "during the fault" are counted as such.
 const SETTLE: Duration = Duration::from_millis(300);
 
-/// Waits until the slot confirmed everything written before this call (writes may go on).
-async fn caught_up(env: &Env) -> anyhow::Result<()> {
-    let target = env.current_lsn().await?;
-    eventually(Duration::from_secs(90), || async {
-        Ok(env.confirmed_lsn().await? >= target)
-    })
-    .await
-    .with_context(|| format!("the slot did not reach {target:X}"))
-}
+const CAUGHT_UP: Duration = Duration::from_secs(90);
 
 fn assert_alive(relay: &mut RelayProcess, what: &str) {
     let st = relay.child.try_wait().expect("try_wait");
@@ -78,18 +70,10 @@ async fn finish(
     relay: &mut RelayProcess,
 ) -> anyhow::Result<(WriteLog, DeliveryReport, InboxStats)> {
     let wlog = writer.stop().await?;
-    caught_up(env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     let st = relay.sigterm()?;
     assert!(st.success(), "graceful exit: {st}");
-    let ids = wlog.committed.keys().copied().collect();
-    reader.wait_applied(&ids, Duration::from_secs(120)).await?;
-    reader
-        .wait_quiet(Duration::from_secs(1), Duration::from_secs(30))
-        .await?;
-    let (stats, records) = reader.stop().await?;
-    let report = verify_delivery(&records, &wlog, "acct")?;
-    verify_effects(inbox_dsn, &wlog).await?;
-    assert!(stats.fatal.is_none(), "{stats:?}");
+    let (stats, report) = drain_and_verify(reader, &wlog, "acct", inbox_dsn).await?;
     if stats.db_retries == 0 {
         assert_eq!(stats.duplicates as usize, report.duplicates, "{stats:?}");
     } else {
@@ -123,7 +107,7 @@ async fn broker_path_cut_refuse_blackhole_latency_under_load() -> anyhow::Result
         proxy.cut();
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     assert_alive(&mut relay, "cuts");
 
     // Outages: refused, then blackholed (no RST, silence).
@@ -138,7 +122,7 @@ async fn broker_path_cut_refuse_blackhole_latency_under_load() -> anyhow::Result
             "no transaction was written during the {mode:?} outage"
         );
         proxy.set_mode(Mode::Pass);
-        caught_up(&env).await?;
+        env.caught_up(CAUGHT_UP).await?;
         assert_alive(&mut relay, &format!("{mode:?}"));
     }
 
@@ -146,7 +130,7 @@ async fn broker_path_cut_refuse_blackhole_latency_under_load() -> anyhow::Result
     proxy.set_latency(Duration::from_millis(150));
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.set_latency(Duration::ZERO);
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     assert_alive(&mut relay, "latency");
 
     // Killed inside a blackhole: with no relay left to deliver anything, the broker must hold
@@ -192,19 +176,19 @@ async fn postgres_path_cut_latency_and_healing_blackhole() -> anyhow::Result<()>
         proxy.cut();
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     assert_alive(&mut relay, "cuts of the Postgres connections");
 
     proxy.set_latency(Duration::from_millis(100));
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.set_latency(Duration::ZERO);
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     assert_alive(&mut relay, "Postgres latency");
 
     proxy.set_mode(Mode::Blackhole);
     tokio::time::sleep(Duration::from_secs(5)).await;
     proxy.set_mode(Mode::Pass);
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     assert_alive(&mut relay, "a healing Postgres blackhole");
 
     let (wlog, report, _) = finish(&env, writer, reader, &inbox_dsn, &mut relay).await?;
@@ -286,7 +270,7 @@ async fn broker_killed_and_restarted_with_events_in_flight() -> anyhow::Result<(
     for round in 0..2 {
         tokio::time::sleep(Duration::from_secs(2)).await;
         writer.pause(true).await;
-        caught_up(&env).await?;
+        env.caught_up(CAUGHT_UP).await?;
         let seen: HashSet<Uuid> = writer.snapshot().committed.keys().copied().collect();
         reader.wait_applied(&seen, Duration::from_secs(60)).await?;
         // The consumer stops before the broker is replaced and starts afresh after (see
@@ -437,7 +421,7 @@ async fn postgres_blackhole_of_live_connections_is_detected() -> anyhow::Result<
     let writer = Writer::start(env.pg.dsn(&env.db), Load::default());
     let mut relay = RelayProcess::spawn(&config, env.dir.path().join("relay.log"))?;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
 
     freeze.freeze();
     let frozen_at = Instant::now();
@@ -567,7 +551,7 @@ async fn broker_storage_error_holds_the_slot_and_never_parks() -> anyhow::Result
     let warm = ev("A", 1);
     commit(&mut c, &warm).await?;
     assert_eq!(on_topic(&bootstrap, 1, Duration::from_secs(30))?.len(), 1);
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
 
     mock.request_errors(
         RDKafkaApiKey::Produce,
@@ -615,7 +599,7 @@ async fn broker_storage_error_holds_the_slot_and_never_parks() -> anyhow::Result
         .map(|e| e.event_id.to_string())
         .collect();
     assert_eq!(seen, want, "every event delivered once the disk has room");
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     assert!(parked(&env).await?.is_empty());
     relay.shutdown().await?;
     Ok(())
@@ -642,7 +626,7 @@ async fn topic_authorization_failure_is_parked_before_the_slot_passes_it() -> an
     let first = ev("A", 1);
     commit(&mut c, &first).await?;
     assert_eq!(on_topic(&bootstrap, 1, Duration::from_secs(30))?.len(), 1);
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
 
     mock.request_errors(
         RDKafkaApiKey::Produce,
@@ -668,7 +652,7 @@ async fn topic_authorization_failure_is_parked_before_the_slot_passes_it() -> an
     let other = ev("B", 1);
     commit(&mut c, &follower).await?;
     commit(&mut c, &other).await?;
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     let p = parked(&env).await?;
     let seen = on_topic(&bootstrap, 2, Duration::from_secs(3))?;
     assert!(!seen.contains(&denied.event_id.to_string()));
@@ -737,7 +721,7 @@ async fn topic_authorization_failure_halts_when_the_policy_says_so() -> anyhow::
     let mut c = env.sql().await?;
     commit(&mut c, &ev("A", 1)).await?;
     assert_eq!(on_topic(&bootstrap, 1, Duration::from_secs(30))?.len(), 1);
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
 
     mock.request_errors(
         RDKafkaApiKey::Produce,
@@ -759,7 +743,7 @@ async fn topic_authorization_failure_halts_when_the_policy_says_so() -> anyhow::
     let seen = on_topic(&bootstrap, 3, Duration::from_secs(60))?;
     assert!(seen.contains(&denied.event_id.to_string()));
     assert!(seen.contains(&other.event_id.to_string()));
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     relay.shutdown().await?;
     Ok(())
 }

@@ -78,15 +78,7 @@ async fn three_instances_sigkill_the_active_one_repeatedly() -> anyhow::Result<(
         assert!(st.success(), "graceful exit: {st}");
     }
 
-    let ids = wlog.committed.keys().copied().collect();
-    reader.wait_applied(&ids, Duration::from_secs(120)).await?;
-    reader
-        .wait_quiet(Duration::from_secs(1), Duration::from_secs(30))
-        .await?;
-    let (stats, records) = reader.stop().await?;
-    let report = verify_delivery(&records, &wlog, "acct")?;
-    verify_effects(&inbox_dsn, &wlog).await?;
-    assert!(stats.fatal.is_none(), "{stats:?}");
+    let (stats, report) = drain_and_verify(reader, &wlog, "acct", &inbox_dsn).await?;
     assert_eq!(stats.duplicates as usize, report.duplicates, "{stats:?}");
     let max = takeovers.iter().max().copied().unwrap_or_default();
     let mean = takeovers.iter().sum::<Duration>() / takeovers.len().max(1) as u32;

@@ -15,14 +15,7 @@ use std::time::{Duration, Instant};
 
 const TOPIC: &str = "outbox.event.acct";
 
-async fn caught_up(env: &Env) -> anyhow::Result<()> {
-    let target = env.current_lsn().await?;
-    eventually(Duration::from_secs(120), || async {
-        Ok(env.confirmed_lsn().await? >= target)
-    })
-    .await
-    .with_context(|| format!("the slot did not reach {target:X}"))
-}
+const CAUGHT_UP: Duration = Duration::from_secs(120);
 
 /// Stops the writer, waits for the relay and the consumer, verifies delivery and effects.
 async fn finish(
@@ -33,22 +26,16 @@ async fn finish(
     relay: &mut RelayProcess,
 ) -> anyhow::Result<(WriteLog, DeliveryReport)> {
     let wlog = writer.stop().await?;
-    caught_up(env).await.with_context(|| read_log(&relay.log))?;
+    env.caught_up(CAUGHT_UP)
+        .await
+        .with_context(|| read_log(&relay.log))?;
     let st = relay.sigterm()?;
     assert!(
         st.success(),
         "graceful exit: {st}\n{}",
         read_log(&relay.log)
     );
-    let ids = wlog.committed.keys().copied().collect();
-    reader.wait_applied(&ids, Duration::from_secs(120)).await?;
-    reader
-        .wait_quiet(Duration::from_secs(1), Duration::from_secs(30))
-        .await?;
-    let (stats, records) = reader.stop().await?;
-    let report = verify_delivery(&records, &wlog, "acct")?;
-    verify_effects(inbox_dsn, &wlog).await?;
-    assert!(stats.fatal.is_none(), "{stats:?}");
+    let (_, report) = drain_and_verify(reader, &wlog, "acct", inbox_dsn).await?;
     Ok((wlog, report))
 }
 
@@ -118,7 +105,7 @@ async fn delivered_then_dropped(
     let mut c = env.sql().await?;
     write_events(&mut c, &first, false).await?;
     let mut relay = RelayProcess::spawn(&config, log.clone())?;
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     tokio::time::sleep(Duration::from_millis(1500)).await; // the state row records the mark
     assert!(relay.sigterm()?.success());
     drop_slot(&env).await?;
@@ -132,6 +119,31 @@ struct World {
     writer: Writer,
     config: std::path::PathBuf,
     log: std::path::PathBuf,
+}
+
+impl World {
+    fn spawn(&self) -> anyhow::Result<RelayProcess> {
+        RelayProcess::spawn(&self.config, self.log.clone())
+    }
+
+    /// A relay delivers the first `n` committed events, then stops gracefully.
+    async fn deliver_then_stop(&self, n: usize) -> anyhow::Result<()> {
+        let mut relay = self.spawn()?;
+        self.writer
+            .wait_committed(n, Duration::from_secs(60))
+            .await?;
+        self.env.caught_up(CAUGHT_UP).await?;
+        assert!(relay.sigterm()?.success());
+        Ok(())
+    }
+
+    /// Waits until `more` events committed since the call (nothing streams them meanwhile).
+    async fn commit_more(&self, more: usize) -> anyhow::Result<()> {
+        let before = self.writer.committed_events();
+        self.writer
+            .wait_committed(before + more, Duration::from_secs(120))
+            .await
+    }
 }
 
 async fn world(env: Env) -> anyhow::Result<World> {
@@ -156,18 +168,10 @@ async fn world(env: Env) -> anyhow::Result<World> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slot_dropped_while_the_relay_is_down() -> anyhow::Result<()> {
     let w = world(Env::start("sl_down").await?).await?;
-    let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
-    w.writer
-        .wait_committed(300, Duration::from_secs(60))
-        .await?;
-    caught_up(&w.env).await?;
-    assert!(relay.sigterm()?.success());
+    w.deliver_then_stop(300).await?;
     drop_slot(&w.env).await?;
-    let before = w.writer.committed_events();
-    w.writer
-        .wait_committed(before + 1000, Duration::from_secs(120))
-        .await?;
-    relay = RelayProcess::spawn(&w.config, w.log.clone())?;
+    w.commit_more(1000).await?;
+    let mut relay = w.spawn()?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (wlog, report) = finish(&w.env, w.writer, w.reader, &w.inbox_dsn, &mut relay).await?;
     let (recoveries, events, pending) = state_row(&w.env).await?;
@@ -224,16 +228,8 @@ async fn slot_invalidated_by_max_slot_wal_keep_size() -> anyhow::Result<()> {
     })?;
     let env = Env::with(pg, Broker::start()?, "sl_inval").await?;
     let w = world(env).await?;
-    let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
-    w.writer
-        .wait_committed(300, Duration::from_secs(60))
-        .await?;
-    caught_up(&w.env).await?;
-    assert!(relay.sigterm()?.success());
-    let before = w.writer.committed_events();
-    w.writer
-        .wait_committed(before + 500, Duration::from_secs(120))
-        .await?;
+    w.deliver_then_stop(300).await?;
+    w.commit_more(500).await?;
     // Push the slot's WAL out of the window.
     let c = w.env.sql().await?;
     c.batch_execute("CREATE TABLE junk (b text)").await?;
@@ -252,7 +248,7 @@ async fn slot_invalidated_by_max_slot_wal_keep_size() -> anyhow::Result<()> {
         .await?
         .get(0);
     assert_eq!(status, "lost", "the slot was not invalidated");
-    relay = RelayProcess::spawn(&w.config, w.log.clone())?;
+    let mut relay = w.spawn()?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (wlog, report) = finish(&w.env, w.writer, w.reader, &w.inbox_dsn, &mut relay).await?;
     let log = read_log(&w.log);
@@ -272,17 +268,9 @@ async fn slot_invalidated_by_max_slot_wal_keep_size() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_in_the_middle_of_a_recovery() -> anyhow::Result<()> {
     let w = world(Env::start("sl_kill").await?).await?;
-    let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
-    w.writer
-        .wait_committed(200, Duration::from_secs(60))
-        .await?;
-    caught_up(&w.env).await?;
-    assert!(relay.sigterm()?.success());
+    w.deliver_then_stop(200).await?;
     drop_slot(&w.env).await?;
-    let before = w.writer.committed_events();
-    w.writer
-        .wait_committed(before + 1500, Duration::from_secs(120))
-        .await?;
+    w.commit_more(1500).await?;
     let mut doomed = RelayProcess::spawn_with_env(
         &w.config,
         w.log.clone(),
@@ -294,7 +282,7 @@ async fn sigkill_in_the_middle_of_a_recovery() -> anyhow::Result<()> {
         state_row(&w.env).await?.2,
         "the recovery intent is not recorded"
     );
-    relay = RelayProcess::spawn(&w.config, w.log.clone())?;
+    let mut relay = w.spawn()?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (wlog, report) = finish(&w.env, w.writer, w.reader, &w.inbox_dsn, &mut relay).await?;
     let (recoveries, _, pending) = state_row(&w.env).await?;
@@ -383,7 +371,7 @@ async fn halt_mode_refuses_and_recover_command_recovers() -> anyhow::Result<()> 
 
     write_events(&mut c, &deposits(71..=71), false).await?;
     let mut relay = RelayProcess::spawn(&config, log.clone())?;
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     assert!(relay.sigterm()?.success());
     let recs = read_topic(&env.bootstrap(), TOPIC, 71, Duration::from_secs(60))?;
     assert_eq!(versions_of(&recs), (1..=71).collect::<Vec<_>>());
@@ -461,18 +449,10 @@ async fn slot_dropped_on_version(major: u32) -> anyhow::Result<()> {
     let pg = Postgres::start_version(major)?;
     let env = Env::with(pg, Broker::start()?, &format!("sl_v{major}")).await?;
     let w = world(env).await?;
-    let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
-    w.writer
-        .wait_committed(300, Duration::from_secs(60))
-        .await?;
-    caught_up(&w.env).await?;
-    assert!(relay.sigterm()?.success());
+    w.deliver_then_stop(300).await?;
     drop_slot(&w.env).await?;
-    let before = w.writer.committed_events();
-    w.writer
-        .wait_committed(before + 500, Duration::from_secs(120))
-        .await?;
-    relay = RelayProcess::spawn(&w.config, w.log.clone())?;
+    w.commit_more(500).await?;
+    let mut relay = w.spawn()?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let c = w.env.sql().await?;
     if major >= 17 {
@@ -556,7 +536,7 @@ async fn failover_slot_survives_a_promotion_on_postgres_17() -> anyhow::Result<(
     );
     let mut relay = RelayProcess::spawn(&config, log.clone())?;
     write_events(&mut c, &deposits(1..=50), false).await?;
-    caught_up(&env).await?;
+    env.caught_up(CAUGHT_UP).await?;
     // The standby's copy of the slot catches up with what the relay confirmed.
     let confirmed = env.confirmed_lsn().await?;
     let s = standby.connect("postgres").await?;

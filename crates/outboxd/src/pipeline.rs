@@ -10,7 +10,7 @@ use crate::error::RelayError;
 use crate::fail;
 use crate::producer::Producer;
 use crate::recovery;
-use crate::slot_guard::{self, Decision, Loss, LossReason};
+use crate::slot_guard::{self, Decision};
 use crate::slot_state::{self, Identity};
 use crate::source::{self, fmt_lsn, sql_bounded};
 use crate::stages::Stages;
@@ -66,23 +66,15 @@ pub async fn run_session_as(
     sql_bounded(slot_state::ensure_table(&sql)).await?;
     let identity = sql_bounded(source::identity(&sql)).await?;
     let state = sql_bounded(slot_state::load(&sql, &cfg.source.slot)).await?;
+    let found = slot_guard::decide(
+        state.as_ref(),
+        slot.as_ref(),
+        &identity,
+        cfg.source.recovery_window,
+    );
     let decision = match mode {
-        Mode::RecoverOnly(Some(since)) => Decision::Lost(manual_loss(
-            &slot_guard::decide(
-                state.as_ref(),
-                slot.as_ref(),
-                &identity,
-                cfg.source.recovery_window,
-            ),
-            slot.is_some(),
-            since,
-        )),
-        Mode::RecoverOnly(None) | Mode::Stream => slot_guard::decide(
-            state.as_ref(),
-            slot.as_ref(),
-            &identity,
-            cfg.source.recovery_window,
-        ),
+        Mode::RecoverOnly(Some(since)) => Decision::Lost(found.manual_loss(slot.is_some(), since)),
+        Mode::RecoverOnly(None) | Mode::Stream => found,
     };
     if let (Mode::RecoverOnly(None), Decision::Stream { .. } | Decision::Adopt { .. }) =
         (mode, &decision)
@@ -95,37 +87,29 @@ pub async fn run_session_as(
     }
     let mut recovery = None;
     let start = match decision {
-        Decision::Create => {
-            if !cfg.source.create_slot || mode != Mode::Stream {
-                return Err(RelayError::Setup(format!(
-                    "replication slot {:?} does not exist: run `outboxd init --config FILE` or \
-                     set source.create_slot = true",
-                    cfg.source.slot
-                )));
-            }
-            let s = sql_bounded(source::create_slot_sql(cfg, &sql)).await?;
-            // The first start publishes nothing already in the table (a previous relay may
-            // have); `outboxd recover --since T` does, on request.
-            sql_bounded(slot_state::reset(
-                &sql,
-                &cfg.source.slot,
-                &identity,
-                s.confirmed_flush,
-                None,
-            ))
-            .await?;
-            s.confirmed_flush
-        }
-        Decision::Adopt { start } => {
-            sql_bounded(slot_state::reset(
-                &sql,
-                &cfg.source.slot,
-                &identity,
-                start,
-                None,
-            ))
-            .await?;
-            tracing::info!(slot = %cfg.source.slot, lsn = %fmt_lsn(start), "recording delivery state for an existing slot");
+        Decision::Create | Decision::Adopt { .. } => {
+            let start = match decision {
+                Decision::Adopt { start } => {
+                    tracing::info!(slot = %cfg.source.slot, lsn = %fmt_lsn(start), "recording delivery state for an existing slot");
+                    start
+                }
+                _ if cfg.source.create_slot && mode == Mode::Stream => {
+                    // The first start publishes nothing already in the table (a previous relay
+                    // may have); `outboxd recover --since T` does, on request.
+                    sql_bounded(source::create_slot_sql(cfg, &sql))
+                        .await?
+                        .confirmed_flush
+                }
+                _ => {
+                    return Err(RelayError::Setup(format!(
+                        "replication slot {:?} does not exist: run `outboxd init --config FILE` \
+                         or set source.create_slot = true",
+                        cfg.source.slot
+                    )))
+                }
+            };
+            let reset = slot_state::reset(&sql, &cfg.source.slot, &identity, start, None);
+            sql_bounded(reset).await?;
             start
         }
         Decision::Stream { start, notes } => {
@@ -165,15 +149,10 @@ pub async fn run_session_as(
             }
         }
     };
-    let slot = source::SlotState {
-        confirmed_flush: start,
-        active_pid: None,
-        invalidation: None,
-    };
     tracing::info!(
         slot = %cfg.source.slot,
         publication = %cfg.source.publication,
-        resume_lsn = %fmt_lsn(slot.confirmed_flush),
+        resume_lsn = %fmt_lsn(start),
         role = "active",
         "streaming"
     );
@@ -183,7 +162,7 @@ pub async fn run_session_as(
     health.standby.store(false, Relaxed);
     health.streaming.store(true, Relaxed);
     health.broker_ok.store(true, Relaxed);
-    let mut reported = slot.confirmed_flush;
+    let mut reported = start;
     let max_events = cfg.relay.max_in_flight_events;
     let max_bytes = cfg.relay.max_in_flight_bytes;
     let repair_every = Duration::from_millis(cfg.relay.repair_interval_ms);
@@ -269,7 +248,7 @@ pub async fn run_session_as(
         save_state(cfg, &st, &identity, saved),
     )
     .await;
-    if c > slot.confirmed_flush {
+    if c > start {
         // stop() sends no final status: wait until the server has taken our position.
         let wait_until = Instant::now() + status_interval * 2 + Duration::from_secs(1);
         while Instant::now() < wait_until {
@@ -319,23 +298,6 @@ async fn save_state(
     .await?;
     fail::hit("state_written");
     Ok(now)
-}
-
-/// The loss an operator's `recover --since T` stands for: the range is theirs; the slot is
-/// replaced only when the guard found it unusable.
-fn manual_loss(found: &Decision, slot_exists: bool, since: chrono::DateTime<chrono::Utc>) -> Loss {
-    let replace_slot = match found {
-        Decision::Lost(l) => l.replace_slot,
-        Decision::Create => true,
-        Decision::Adopt { .. } | Decision::Stream { .. } => false,
-    };
-    Loss {
-        reason: LossReason::Manual,
-        since: Some(since),
-        mark: None,
-        slot_exists,
-        replace_slot,
-    }
 }
 
 /// Zero series, so rates and alerts on them work before the first loss.

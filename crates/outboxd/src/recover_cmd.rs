@@ -28,14 +28,11 @@ pub async fn run(
     );
     let name = &cfg.source.slot;
     let (from, what, replace) = match (since, &decision) {
-        (Some(t), d) => {
-            let replace = match d {
-                Decision::Lost(l) => l.replace_slot,
-                Decision::Create => true,
-                _ => false,
-            };
-            (t, "rows created since --since".to_string(), replace)
-        }
+        (Some(t), d) => (
+            t,
+            "rows created since --since".to_string(),
+            d.manual_loss(slot.is_some(), t).replace_slot,
+        ),
         (None, Decision::Lost(l)) => match l.since {
             Some(s) => (s, format!("the detected gap: {}", l.reason), l.replace_slot),
             None => bail!("{}: pass --since TIME", l.reason),

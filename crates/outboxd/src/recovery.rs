@@ -212,8 +212,7 @@ pub async fn prepare(
             return Err(refusal(cfg, sql, loss, &why).await);
         }
     }
-    let reason = loss.reason.label();
-    slot_state::begin_recovery(sql, &cfg.source.slot, identity, since, reason).await?;
+    slot_state::begin_recovery(sql, &cfg.source.slot, identity, since, label).await?;
     crate::fail::hit("recovery_intent");
     let mark: DateTime<Utc> = sql.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
     let reader = source::sql_connect(cfg).await?;

@@ -31,6 +31,24 @@ pub enum Decision {
     Lost(Loss),
 }
 
+impl Decision {
+    /// The loss an operator's `recover --since T` stands for: the range is theirs; the slot is
+    /// replaced only when this decision found it unusable (or missing).
+    pub fn manual_loss(&self, slot_exists: bool, since: DateTime<Utc>) -> Loss {
+        Loss {
+            reason: LossReason::Manual,
+            since: Some(since),
+            mark: None,
+            slot_exists,
+            replace_slot: match self {
+                Decision::Lost(l) => l.replace_slot,
+                Decision::Create => true,
+                Decision::Adopt { .. } | Decision::Stream { .. } => false,
+            },
+        }
+    }
+}
+
 /// Why the slot's stream has a gap, and where the gap starts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loss {
