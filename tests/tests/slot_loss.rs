@@ -575,3 +575,138 @@ async fn failover_slot_survives_a_promotion_on_postgres_17() -> anyhow::Result<(
     relay.sigkill();
     Ok(())
 }
+
+/// R33: the source is restored from a file-level copy taken earlier while the broker (and the
+/// consumer, in another cluster) already hold newer events. The copy brings its slot and its
+/// state row back together with its WAL, so the relay streams on from that history: old rows are
+/// replayed as duplicates (absorbed by the inbox, never applied twice), the events lost with the
+/// restore stay applied once, and events written after the restore arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_from_an_older_file_copy_while_the_broker_holds_newer_events() -> anyhow::Result<()>
+{
+    let mut env = Env::start("sl_restore").await?;
+    create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
+    // The consumer keeps its own database elsewhere: the restore must not roll it back.
+    let consumer_pg = Postgres::start()?;
+    let inbox_dsn = consumer_pg.dsn(&consumer_db(&consumer_pg, "inbox").await?);
+    let reader = InboxReader::start(&env.bootstrap(), TOPIC, &inbox_dsn);
+    let writer = Writer::start(env.pg.dsn(&env.db), Load::default());
+    let config = env.config_file()?;
+    let log = env.dir.path().join("relay.log");
+    let mut relay = RelayProcess::spawn(&config, log.clone())?;
+
+    // Phase A, then the copy (crash-consistent, like a storage snapshot).
+    writer.wait_committed(300, Duration::from_secs(60)).await?;
+    writer.pause(true).await;
+    env.caught_up(CAUGHT_UP).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await; // the state row records it
+    let backup = env.dir.path().join("backup");
+    env.pg.stop_immediate()?;
+    copy_dir(&env.pg.data_dir(), &backup)?;
+    tokio::task::block_in_place(|| env.pg.restart())?;
+
+    // Phase B reaches the broker and the consumer, then is lost by the restore.
+    let a = writer.committed_events();
+    writer.pause(false).await;
+    writer
+        .wait_committed(a + 300, Duration::from_secs(60))
+        .await?;
+    writer.pause(true).await;
+    env.caught_up(CAUGHT_UP).await?;
+    let ids = writer.snapshot().committed.keys().copied().collect();
+    reader.wait_applied(&ids, Duration::from_secs(120)).await?;
+    assert!(relay.sigterm()?.success());
+    env.pg.stop_immediate()?;
+    std::fs::remove_dir_all(env.pg.data_dir())?;
+    copy_dir(&backup, &env.pg.data_dir())?;
+    tokio::task::block_in_place(|| env.pg.restart())?;
+    let c = env.sql().await?;
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM outbox", &[])
+        .await?
+        .get(0);
+    assert!(
+        rows < writer.committed_events() as i64,
+        "the restore did not roll back"
+    );
+
+    // Phase C: the relay on the restored source, new events after it.
+    let mut relay = RelayProcess::spawn(&config, log.clone())?;
+    let b = writer.committed_events();
+    writer.pause(false).await;
+    writer
+        .wait_committed(b + 300, Duration::from_secs(60))
+        .await?;
+    let wlog = writer.stop().await?;
+    env.caught_up(CAUGHT_UP)
+        .await
+        .with_context(|| read_log(&log))?;
+    assert!(relay.sigterm()?.success());
+    let (stats, report) = drain_and_verify(reader, &wlog, "acct", &inbox_dsn).await?;
+    let text = read_log(&log);
+    assert!(!text.contains("replication slot lost"), "{text}");
+    eprintln!(
+        "restore: {} committed (B lost by the restore, already delivered), {} records, {} \
+         duplicates, consumer duplicates absorbed {}",
+        wlog.committed.len(),
+        report.records,
+        report.duplicates,
+        stats.duplicates
+    );
+    Ok(())
+}
+
+/// `cp -a`: keeps the server's ownership and modes.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> anyhow::Result<()> {
+    let st = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()?;
+    anyhow::ensure!(st.success(), "cp -a {} {}", from.display(), to.display());
+    Ok(())
+}
+
+/// The skip after a Postgres crash must never pass an unacknowledged event. Here acks run ahead
+/// of the state row (its writes are held behind a lock) when Postgres crashes: the row is older
+/// than what the broker holds, so the relay replays more — and loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_crash_between_the_acks_and_the_state_write() -> anyhow::Result<()> {
+    let mut w = world(Env::start("sl_ackgap").await?).await?;
+    let mut relay = w.spawn()?;
+    w.writer
+        .wait_committed(300, Duration::from_secs(60))
+        .await?;
+    w.env.caught_up(CAUGHT_UP).await?;
+    let held_at = state_acked_lsn(&w.env).await?;
+    let mut locker = w.env.sql().await?;
+    let tx = locker.transaction().await?;
+    tx.batch_execute("LOCK TABLE outboxd_slot_state IN ACCESS EXCLUSIVE MODE")
+        .await?;
+    w.commit_more(300).await?;
+    // The slot moved on (acks), the state row could not.
+    let confirmed = w.env.confirmed_lsn().await?;
+    assert!(confirmed > held_at, "no acks while the state row was held");
+    tokio::task::block_in_place(|| w.env.pg.restart())?;
+    drop(tx);
+    let (wlog, report) = finish(&w.env, w.writer, w.reader, &w.inbox_dsn, &mut relay).await?;
+    eprintln!(
+        "crash between acks and state write: {} committed, {} records, {} duplicates",
+        wlog.committed.len(),
+        report.records,
+        report.duplicates
+    );
+    Ok(())
+}
+
+/// The state row's `acked_lsn`.
+async fn state_acked_lsn(env: &Env) -> anyhow::Result<u64> {
+    let c = env.sql().await?;
+    let r = c
+        .query_one(
+            "SELECT (acked_lsn - '0/0')::bigint FROM outboxd_slot_state WHERE slot_name = $1",
+            &[&env.slot],
+        )
+        .await;
+    Ok(r.map(|r| r.get::<_, i64>(0) as u64).unwrap_or(0))
+}
