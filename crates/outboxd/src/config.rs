@@ -521,6 +521,12 @@ impl Config {
         if s.status_interval_ms == 0 {
             return Err(invalid("source.status_interval_ms must be positive"));
         }
+        if s.recovery_window > Duration::from_secs(366 * 86_400) {
+            return Err(invalid(
+                "source.recovery_window is over a year: use at most \"366d\" (it bounds how far \
+                 back a recovery reads the outbox)",
+            ));
+        }
         if s.state_interval_ms == 0 {
             return Err(invalid("source.state_interval_ms must be positive"));
         }
@@ -618,6 +624,30 @@ dsn = "postgres://u@127.0.0.1:5432/app"
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn recovery_window_takes_seconds_or_durations_and_is_bounded() {
+        let base = "[source]\ndsn = \"postgres://u@h/db\"\n";
+        let kafka = "[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n";
+        let with = |w: &str| {
+            Config::from_toml_and_env(
+                &format!("{base}recovery_window = {w}\n{kafka}"),
+                Vec::<(String, String)>::new(),
+            )
+        };
+        assert_eq!(
+            with("90").unwrap().source.recovery_window,
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            with("\"10m\"").unwrap().source.recovery_window,
+            Duration::from_secs(600)
+        );
+        let e = with("\"2y\"").unwrap_err().to_string();
+        assert!(e.contains("over a year"), "{e}");
+        let e = with("\"soon\"").unwrap_err().to_string();
+        assert!(e.contains("10m"), "{e}");
     }
 
     #[test]

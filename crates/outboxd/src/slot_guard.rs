@@ -145,10 +145,14 @@ pub fn decide(
             },
         };
     };
-    let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::zero());
+    let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
     // Rows committed after the mark were not all acknowledged; rows of a transaction carry its
     // start time, up to `window` before its commit.
-    let from_mark = st.delivery_mark.unwrap_or(st.created_at) - window;
+    let from_mark = st
+        .delivery_mark
+        .unwrap_or(st.created_at)
+        .checked_sub_signed(window)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
     // A slot that still streams, on the history the state was written on, is kept.
     let replace_slot =
         slot.is_none() || invalid.is_some() || st.identity.system_id != identity.system_id;
