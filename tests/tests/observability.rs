@@ -139,7 +139,10 @@ async fn metrics_status_and_readiness_match_ground_truth() -> anyhow::Result<()>
         "oldest pending age {age}"
     );
     eventually(Duration::from_secs(15), || async {
-        let truth = env.current_lsn().await? - env.confirmed_lsn().await?;
+        let truth = env
+            .current_lsn()
+            .await?
+            .saturating_sub(env.confirmed_lsn().await?);
         let m = metric(&scrape(), obs::SLOT_LAG_BYTES, &[]).unwrap_or(0.0);
         Ok(m > 0.0 && m <= truth as f64)
     })
