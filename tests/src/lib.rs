@@ -150,6 +150,18 @@ max_backoff_ms = 1000
         .with_context(|| format!("the slot did not reach {target:X}"))
     }
 
+    /// `acked_lsn` of the relay's `outboxd_slot_state` row (0 before the first write).
+    pub async fn recorded_acked_lsn(&self) -> Result<u64> {
+        let c = self.sql().await?;
+        let r = c
+            .query_opt(
+                "SELECT (acked_lsn - '0/0')::bigint FROM outboxd_slot_state WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await?;
+        Ok(r.map_or(0, |r| r.get::<_, i64>(0) as u64))
+    }
+
     /// Current WAL insert position.
     pub async fn current_lsn(&self) -> Result<u64> {
         let c = self.sql().await?;
@@ -270,6 +282,59 @@ impl RelayProcess {
 impl Drop for RelayProcess {
     fn drop(&mut self) {
         self.sigkill();
+    }
+}
+
+/// Creates a 3-partition topic with tansu's own CLI on the broker's plain port (for brokers
+/// whose advertised address a Kafka admin client cannot use: behind a blackholed or TLS proxy).
+pub fn create_topic_on_port(broker_port: u16, topic: &str) -> Result<()> {
+    let out = Command::new(outboxd_testkit::tansu_bin())
+        .args(["topic", "create", "--partitions", "3", "--broker"])
+        .arg(format!("tcp://127.0.0.1:{broker_port}"))
+        .arg(topic)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "tansu topic create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A private certificate authority for TLS tests (rcgen).
+pub mod certs {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+
+    pub struct Ca {
+        pub cert: rcgen::Certificate,
+        key: KeyPair,
+    }
+
+    impl Ca {
+        pub fn new(name: &str) -> anyhow::Result<Self> {
+            let mut p = CertificateParams::new(Vec::<String>::new())?;
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.distinguished_name.push(DnType::CommonName, name);
+            let key = KeyPair::generate()?;
+            Ok(Self {
+                cert: p.self_signed(&key)?,
+                key,
+            })
+        }
+
+        /// Signs `p` with a fresh key: (certificate, key) PEM.
+        pub fn sign(&self, p: CertificateParams) -> anyhow::Result<(String, String)> {
+            let key = KeyPair::generate()?;
+            let cert = p.signed_by(&key, &self.cert, &self.key)?;
+            Ok((cert.pem(), key.serialize_pem()))
+        }
+
+        /// A server certificate for `names` (DNS names or IP addresses).
+        pub fn server(&self, names: &[&str]) -> anyhow::Result<(String, String)> {
+            self.sign(CertificateParams::new(
+                names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            )?)
+        }
     }
 }
 
@@ -453,8 +518,9 @@ pub async fn write_events(
 }
 
 /// Writes `events` in one committed transaction and returns `pg_current_wal_insert_lsn()` read
-/// inside it, after the inserts and before the commit: a slot confirmed at or past this
-/// position has acknowledged the transaction (WAL before it holds none of its events).
+/// inside it, after the inserts and before the commit. The commit record starts at or after
+/// this position, so a slot confirmed at or below it has not passed the transaction (an idle
+/// relay may confirm exactly this position: the walsender had read up to it when it reported).
 pub async fn write_events_returning_lsn(
     c: &mut tokio_postgres::Client,
     events: &[NewEvent],

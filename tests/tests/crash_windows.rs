@@ -19,6 +19,10 @@
 //!   versions and counts match; the table itself has no unique key, only the inbox dedupes), and
 //!   the inbox reported exactly as many duplicates as the topic holds.
 //!
+//! The successor resumes at the slot's confirmed LSN or, when further, at the acknowledged
+//! position the relay recorded in `outboxd_slot_state` (written between status updates); both
+//! are checked against the broker.
+//!
 //! Window 3 must produce duplicates (the acknowledged transaction was never confirmed); the test
 //! asserts that too, so a failpoint that fires in the wrong place cannot pass unnoticed.
 
@@ -52,6 +56,7 @@ async fn crash_window(
     // successor with the same failpoint) until one demonstrably did, at most 6 times.
     let attempts = if must_redeliver { 6 } else { 1 };
     let mut confirmed = 0;
+    let mut recorded = 0;
     let mut redeliverable = 0;
     for attempt in 1..=attempts {
         let mut relay =
@@ -74,6 +79,12 @@ async fn crash_window(
         let before = writer.snapshot();
         let (covered, delivered) =
             check_slot_against_broker(&env.bootstrap(), TOPIC, &before, confirmed)?;
+        // The acknowledged position in outboxd_slot_state may be ahead of the slot (written
+        // between status updates): it must never claim what the broker lacks either.
+        recorded = env.recorded_acked_lsn().await?;
+        if recorded > confirmed {
+            check_slot_against_broker(&env.bootstrap(), TOPIC, &before, recorded)?;
+        }
         assert!(
             covered > 0,
             "the crash must land mid-stream, after the slot had moved (confirmed {confirmed:X}); log:\n{}",
@@ -108,14 +119,12 @@ async fn crash_window(
     let st = successor.sigterm()?;
     assert!(st.success(), "successor exit status {st}");
     let text = read_log(&log);
-    let resume = format!(
-        "resume_lsn={:X}/{:X}",
-        confirmed >> 32,
-        confirmed & 0xffff_ffff
-    );
+    let at = confirmed.max(recorded);
+    let resume = format!("resume_lsn={:X}/{:X}", at >> 32, at & 0xffff_ffff);
     assert!(
         text.contains(&resume),
-        "the successor must resume from the slot's confirmed LSN ({resume}); log:\n{text}"
+        "the successor must resume from the slot's confirmed LSN or the further acknowledged \
+         position recorded in outboxd_slot_state ({resume}); log:\n{text}"
     );
 
     let (stats, report) = drain_and_verify(reader, &wlog, "acct", &inbox_dsn).await?;

@@ -236,22 +236,6 @@ async fn postgres_crash_immediate_mid_stream() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn create_topic_directly(broker_port: u16) -> anyhow::Result<()> {
-    // The broker advertises the proxy's address, so a Kafka admin client would go through the
-    // (blackholed) proxy; tansu's own CLI talks to the given address only.
-    let out = std::process::Command::new(testkit::tansu_bin())
-        .args(["topic", "create", "--partitions", "3", "--broker"])
-        .arg(format!("tcp://127.0.0.1:{broker_port}"))
-        .arg(TOPIC)
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "tansu topic create: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
 /// The broker is SIGKILLed and restarted empty (tansu memory storage) while the relay holds
 /// produced but unacknowledged events: they must reach the new broker. The consumer read
 /// everything the old broker acknowledged before it died (the writer pauses until it has, then
@@ -286,7 +270,8 @@ async fn broker_killed_and_restarted_with_events_in_flight() -> anyhow::Result<(
         let in_flight = writer.snapshot().txs.len() - from;
         assert!(in_flight > 0);
         tokio::task::block_in_place(|| env.broker.restart())?;
-        create_topic_directly(env.broker.port)?;
+        // The broker advertises the (blackholed) proxy: the CLI talks to its own port.
+        create_topic_on_port(env.broker.port, TOPIC)?;
         assert_slot_held(&env, &writer, from, "broker restart").await?;
         env.broker_proxy.as_ref().unwrap().set_mode(Mode::Pass);
         reader.start_reading();

@@ -678,7 +678,7 @@ async fn postgres_crash_between_the_acks_and_the_state_write() -> anyhow::Result
         .wait_committed(300, Duration::from_secs(60))
         .await?;
     w.env.caught_up(CAUGHT_UP).await?;
-    let held_at = state_acked_lsn(&w.env).await?;
+    let held_at = w.env.recorded_acked_lsn().await?;
     let mut locker = w.env.sql().await?;
     let tx = locker.transaction().await?;
     tx.batch_execute("LOCK TABLE outboxd_slot_state IN ACCESS EXCLUSIVE MODE")
@@ -697,16 +697,4 @@ async fn postgres_crash_between_the_acks_and_the_state_write() -> anyhow::Result
         report.duplicates
     );
     Ok(())
-}
-
-/// The state row's `acked_lsn`.
-async fn state_acked_lsn(env: &Env) -> anyhow::Result<u64> {
-    let c = env.sql().await?;
-    let r = c
-        .query_one(
-            "SELECT (acked_lsn - '0/0')::bigint FROM outboxd_slot_state WHERE slot_name = $1",
-            &[&env.slot],
-        )
-        .await;
-    Ok(r.map(|r| r.get::<_, i64>(0) as u64).unwrap_or(0))
 }

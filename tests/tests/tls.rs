@@ -4,47 +4,25 @@
 //! certificate and reached through `hostaddr`; a plain connection, a certificate from another
 //! CA, a host name the certificate does not list and `verify-ca` are refused with the fix.
 
+use outboxd_tests::certs::Ca;
 use outboxd_tests::testkit::{Broker, PgOptions, Postgres, PG_PASSWORD};
 use outboxd_tests::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+use rcgen::{CertificateParams, DnType};
 use std::time::Duration;
 
 const RELAY_PW: &str = "relay-tls-pw";
 
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-}
-
-fn ca(name: &str) -> anyhow::Result<Ca> {
-    let mut p = CertificateParams::new(Vec::<String>::new())?;
-    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, name);
-    let key = KeyPair::generate()?;
-    Ok(Ca {
-        cert: p.self_signed(&key)?,
-        key,
-    })
-}
-
 /// A server certificate for 127.0.0.1 and `db.outboxd.test` (a name no resolver knows: reached
 /// with `hostaddr`), signed by `ca`: (cert, key) PEM.
 fn server_cert(ca: &Ca) -> anyhow::Result<(String, String)> {
-    let names = vec!["127.0.0.1".to_string(), "db.outboxd.test".to_string()];
-    signed(ca, CertificateParams::new(names)?)
+    ca.server(&["127.0.0.1", "db.outboxd.test"])
 }
 
 /// A client certificate for role `user` (Postgres matches the CN), signed by `ca`.
 fn client_cert(ca: &Ca, user: &str) -> anyhow::Result<(String, String)> {
     let mut p = CertificateParams::new(Vec::<String>::new())?;
     p.distinguished_name.push(DnType::CommonName, user);
-    signed(ca, p)
-}
-
-fn signed(ca: &Ca, p: CertificateParams) -> anyhow::Result<(String, String)> {
-    let key = KeyPair::generate()?;
-    let cert = p.signed_by(&key, &ca.cert, &ca.key)?;
-    Ok((cert.pem(), key.serialize_pem()))
+    ca.sign(p)
 }
 
 const HBA: &str = "\
@@ -73,8 +51,8 @@ fn check(env: &Env, name: &str, toml: &str) -> anyhow::Result<(i32, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_only_server_verify_full_streams_and_mistakes_are_named() -> anyhow::Result<()> {
-    let good = ca("outboxd test CA")?;
-    let other = ca("some other CA")?;
+    let good = Ca::new("outboxd test CA")?;
+    let other = Ca::new("some other CA")?;
     let (cert, key) = server_cert(&good)?;
     let pg = Postgres::start_with(PgOptions {
         settings: vec![

@@ -163,11 +163,15 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
     }
     out.push(match broker(cfg) {
         Ok(()) => line(true, "broker", "metadata fetched"),
-        Err(e) => line(
-            false,
-            "broker",
-            format!("{e} — check sink.kafka.\"bootstrap.servers\" and that the broker is up"),
-        ),
+        Err(e) => {
+            let msg = crate::kafka_hint::explain(&e.to_string(), &cfg.sink.kafka);
+            let msg = if msg.contains(" — ") {
+                msg
+            } else {
+                format!("{msg} — check sink.kafka.\"bootstrap.servers\" and that the broker is up")
+            };
+            line(false, "broker", cfg.redactor.scrub(&msg))
+        }
     });
     out
 }

@@ -80,7 +80,10 @@ fn init_logging(format: LogFormat) {
 
 /// Entry point of the binary (also used by the test crate's copy of the binary).
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    let version: &'static str = Box::leak(long_version().into_boxed_str());
+    let matches = Cli::command().long_version(version).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // One thread: the replication client's worker task and the pipeline hand every event over
     // without a thread switch (measured: half the CPU per event of a two-worker runtime, see
     // docs/benchmarks.md). librdkafka keeps its own threads.
@@ -97,6 +100,25 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `outboxd --version`: the version, librdkafka's, and what it was built with (TLS, SASL
+/// mechanisms, OIDC), so an operator can tell before connecting whether a cluster is reachable.
+fn long_version() -> String {
+    let (_, librdkafka) = rdkafka::util::get_rdkafka_version();
+    format!(
+        "{}\nlibrdkafka {librdkafka}\nbuilt-in: {}",
+        env!("CARGO_PKG_VERSION"),
+        builtin_features()
+    )
+}
+
+/// librdkafka's `builtin.features` (e.g. `ssl,sasl_plain,sasl_scram,sasl_oauthbearer,…`).
+pub fn builtin_features() -> String {
+    rdkafka::ClientConfig::new()
+        .create_native_config()
+        .and_then(|c| c.get("builtin.features"))
+        .unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let path = match &cli.cmd {
         Cmd::Run(a) | Cmd::Init(a) | Cmd::Check(a) | Cmd::Alerts(a) => a.config.clone(),
@@ -106,6 +128,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
     init_logging(cfg.log.format);
+    // Errors built by libraries may repeat a secret of the configuration.
+    command(cli, &cfg)
+        .await
+        .map_err(|e| anyhow::anyhow!(cfg.redactor.scrub(&format!("{e:#}"))))
+}
+
+async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
+    let cfg = cfg.clone();
     match cli.cmd {
         Cmd::Run(_) => {
             if let Some(addr) = &cfg.metrics.listen {

@@ -30,6 +30,9 @@ fn invalid(msg: impl Into<String>) -> ConfigError {
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub source: SourceConfig,
+    /// Every secret of this configuration, to scrub from errors and logs (see [`crate::secrets`]).
+    #[serde(skip)]
+    pub redactor: crate::secrets::Redactor,
     #[serde(default)]
     pub sink: SinkConfig,
     #[serde(default)]
@@ -86,7 +89,8 @@ pub struct MetricsConfig {
     pub listen: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `Debug` (in [`crate::secrets`]) hides the DSN's password and `password`.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     /// libpq-style URL or key=value DSN of the source database.
@@ -94,6 +98,9 @@ pub struct SourceConfig {
     /// Overrides the DSN's password (keep the DSN in the file, the password in the env).
     #[serde(default)]
     pub password: Option<String>,
+    /// A file holding the password (a mounted secret); read at start-up.
+    #[serde(default)]
+    pub password_file: Option<std::path::PathBuf>,
     #[serde(default = "d_publication")]
     pub publication: String,
     #[serde(default = "d_slot")]
@@ -267,7 +274,8 @@ impl Columns {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// `Debug` (in [`crate::secrets`]) hides the values of secret librdkafka properties.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkConfig {
     /// Topic template; `{aggregate_type}` and `{event_type}` are substituted.
@@ -441,16 +449,29 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
-        let mut root: toml::Table = text.parse().map_err(|e| invalid(format!("{e}")))?;
+        let mut root: toml::Table = text
+            .parse()
+            .map_err(|e| invalid(crate::secrets::toml_syntax(text, &e)))?;
         for (k, v) in env {
             if let Some(rest) = k.strip_prefix("OUTBOXD_") {
                 apply_override(&mut root, rest, v)?;
             }
         }
-        let cfg: Config = toml::Value::Table(root)
+        // Typing errors echo the values they could not read: scrub the secrets among them.
+        let raw = crate::secrets::of_table(&root);
+        let mut cfg: Config = toml::Value::Table(root)
             .try_into()
-            .map_err(|e: toml::de::Error| invalid(e.message().to_string()))?;
-        cfg.validate()?;
+            .map_err(|e: toml::de::Error| invalid(raw.scrub(e.message())))?;
+        crate::secrets::load_files(&mut cfg)?;
+        cfg.redactor = crate::secrets::Redactor::of(
+            &cfg.sink.kafka,
+            &cfg.source.dsn,
+            cfg.source.password.as_deref(),
+        );
+        cfg.validate().map_err(|e| match e {
+            ConfigError::Invalid(m) => invalid(cfg.redactor.scrub(&m)),
+            other => other,
+        })?;
         Ok(cfg)
     }
 

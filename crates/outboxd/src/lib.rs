@@ -33,6 +33,7 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod fail;
+pub mod kafka_hint;
 pub mod obs;
 pub mod obs_errors;
 pub mod parked_cmd;
@@ -44,6 +45,7 @@ pub mod producer;
 pub mod recover_cmd;
 pub mod recovery;
 pub mod router;
+pub mod secrets;
 pub mod session_obs;
 pub mod slot_guard;
 pub mod slot_state;
@@ -107,7 +109,7 @@ pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(),
                 tracing::error!(error = %err, retry_in_ms = wait.as_millis() as u64, "HALTED")
             }
             _ => tracing::warn!(
-                error = %err,
+                error = %cfg.redactor.scrub(&err.to_string()),
                 class = err.class(),
                 attempt,
                 retry_in_ms = wait.as_millis() as u64,

@@ -103,10 +103,16 @@ pub struct Ctx {
     /// Which session of this process produced the record: a delivery after a restart is a
     /// later attempt at the same event (R25).
     attempt: u64,
+    /// librdkafka repeats configuration values (passwords too) in its errors and logs.
+    redactor: crate::secrets::Redactor,
+    /// The newest error librdkafka reported on its own (TLS handshake, authentication, broker
+    /// down), so `check` can name the cause instead of a bare timeout.
+    last_error: std::sync::Mutex<Option<String>>,
 }
 
 impl ClientContext for Ctx {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
+        let msg = self.redactor.scrub(msg);
         match level {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
@@ -118,8 +124,17 @@ impl ClientContext for Ctx {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        let code = error.rdkafka_error_code();
+        let reason = self.redactor.scrub(reason);
+        let error = self.redactor.scrub(&error.to_string());
         tracing::warn!(target: "librdkafka", error = %error, "{reason}");
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+        // "All brokers are down" follows the error that says why: keep the why.
+        if code != Some(RDKafkaErrorCode::AllBrokersDown) {
+            if let Ok(mut last) = self.last_error.lock() {
+                *last = Some(format!("{error}: {reason}"));
+            }
+        }
+        if code == Some(RDKafkaErrorCode::AllBrokersDown) {
             crate::obs::health()
                 .broker_ok
                 .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -165,7 +180,7 @@ impl ProducerContext for Ctx {
                 let mut f = DeliveryFailure {
                     event_id: header_str(m, "event_id").to_string(),
                     code: e.rdkafka_error_code(),
-                    message: e.to_string(),
+                    message: self.redactor.scrub(&e.to_string()),
                     record: None,
                 };
                 if f.is_deterministic() {
@@ -204,7 +219,21 @@ pub fn client_config(cfg: &Config) -> ClientConfig {
         .set("queue.buffering.max.kbytes", "1048576")
         .set("statistics.interval.ms", "5000")
         .set("client.id", "outboxd");
-    for (k, v) in &cfg.sink.kafka {
+    // OpenSSL is built in (vendored): its compiled-in CA directory is not the system's, so
+    // public CAs (Confluent Cloud, MSK) are found by librdkafka's probe of the usual bundle
+    // paths unless the user names a CA.
+    let kafka = &cfg.sink.kafka;
+    let tls = kafka
+        .get("security.protocol")
+        .is_some_and(|p| p.to_ascii_lowercase().contains("ssl"));
+    if tls
+        && !["ssl.ca.location", "ssl.ca.pem", "ssl.ca.certificate.stores"]
+            .iter()
+            .any(|k| kafka.contains_key(*k))
+    {
+        cc.set("ssl.ca.location", "probe");
+    }
+    for (k, v) in kafka {
         cc.set(k, v);
     }
     // Required for the delivery guarantee (config validation rejects contrary settings):
@@ -228,8 +257,17 @@ impl Producer {
             .create_with_context(Ctx {
                 acks: tx,
                 attempt: SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
+                redactor: cfg.redactor.clone(),
+                last_error: std::sync::Mutex::new(None),
             })
-            .map_err(|e| RelayError::Kafka(format!("cannot create producer: {e}")))?;
+            // librdkafka refuses the configuration itself: retrying cannot help.
+            .map_err(|e| {
+                RelayError::Setup(format!(
+                    "[sink.kafka] is not a valid librdkafka configuration: {} — fix that \
+                     property (docs/configuration.md, \"Connecting to production Kafka\")",
+                    cfg.redactor.scrub(&e.to_string())
+                ))
+            })?;
         Ok((
             Self {
                 inner,
@@ -302,7 +340,7 @@ impl Producer {
                 Err((err, _)) => {
                     return Err(SendError {
                         code: err.rdkafka_error_code(),
-                        message: err.to_string(),
+                        message: self.inner.context().redactor.scrub(&err.to_string()),
                     })
                 }
             }
@@ -320,6 +358,14 @@ impl Producer {
             .client()
             .fetch_metadata(None, timeout)
             .map(|_| ())
-            .map_err(|e| RelayError::Kafka(format!("broker unreachable: {e}")))
+            .map_err(|e| {
+                let ctx = self.inner.context();
+                let cause = ctx.last_error.lock().ok().and_then(|l| l.clone());
+                let msg = match cause {
+                    Some(c) => format!("broker unreachable: {e} ({c})"),
+                    None => format!("broker unreachable: {e}"),
+                };
+                RelayError::Kafka(ctx.redactor.scrub(&msg))
+            })
     }
 }

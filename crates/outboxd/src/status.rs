@@ -30,7 +30,7 @@ pub async fn record_failure(
                 &format!("{host}:{}", std::process::id()),
                 &(attempt as i64),
                 &err.class(),
-                &err.to_string(),
+                &cfg.redactor.scrub(&err.to_string()),
                 &wait.as_secs_f64(),
                 &matches!(err, RelayError::Halted { .. }),
             ],

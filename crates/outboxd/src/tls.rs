@@ -172,6 +172,50 @@ fn client_config(s: &SourceConfig, mode: SslMode) -> Result<rustls::ClientConfig
     }
 }
 
+/// What is wrong with a TLS server's certificate, as rustls sees it with the given CA file.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CertProblem {
+    /// Not signed by a CA in the file (or, without one, by a public CA).
+    UnknownCa,
+    /// Signed correctly, but for other names than the one connected to.
+    WrongName,
+}
+
+/// librdkafka's OpenSSL reports a wrong CA and a wrong name alike ("certificate verify
+/// failed"); `outboxd check` asks rustls, with the same CA file, which one it is. `None`: the
+/// handshake succeeded or failed for another reason.
+pub fn diagnose_server_cert(host: &str, port: u16, ca: Option<&Path>) -> Option<CertProblem> {
+    use std::net::ToSocketAddrs;
+    let roots = roots(ca).ok()?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).ok()?;
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), name).ok()?;
+    let addr = (host, port).to_socket_addrs().ok()?.next()?;
+    let timeout = std::time::Duration::from_secs(5);
+    let mut sock = std::net::TcpStream::connect_timeout(&addr, timeout).ok()?;
+    sock.set_read_timeout(Some(timeout)).ok()?;
+    sock.set_write_timeout(Some(timeout)).ok()?;
+    while conn.is_handshaking() {
+        if let Err(e) = conn.complete_io(&mut sock) {
+            use rustls::CertificateError as C;
+            let inner = e.get_ref()?.downcast_ref::<rustls::Error>()?;
+            return match inner {
+                rustls::Error::InvalidCertificate(C::UnknownIssuer) => Some(CertProblem::UnknownCa),
+                rustls::Error::InvalidCertificate(
+                    C::NotValidForName | C::NotValidForNameContext { .. },
+                ) => Some(CertProblem::WrongName),
+                _ => None,
+            };
+        }
+    }
+    None
+}
+
 /// `sslrootcert`'s certificates, else the Mozilla roots (what public managed services chain to).
 fn roots(path: Option<&Path>) -> Result<RootCertStore, String> {
     let mut store = RootCertStore::empty();

@@ -15,8 +15,10 @@
 //! killed by a timeout) never leaves servers behind.
 
 pub mod proxy;
+pub mod tls_proxy;
 
 pub use proxy::{Mode, Proxy};
+pub use tls_proxy::TlsProxy;
 
 use anyhow::{bail, Context, Result};
 use std::net::TcpListener;
@@ -743,6 +745,15 @@ impl Broker {
     pub fn start_behind_proxy() -> Result<(Self, Proxy)> {
         let port = free_port();
         let proxy = Proxy::start(0, ([127, 0, 0, 1], port).into())?;
+        let b = Self::start_on(port, proxy.port)?;
+        Ok((b, proxy))
+    }
+
+    /// A broker whose clients must speak TLS: it advertises a [`TlsProxy`] with the given
+    /// certificate chain and key (PEM). Its own plain port is [`Broker::port`] (for tansu's CLI).
+    pub fn start_behind_tls(cert_pem: &str, key_pem: &str) -> Result<(Self, TlsProxy)> {
+        let port = free_port();
+        let proxy = TlsProxy::start(0, ([127, 0, 0, 1], port).into(), cert_pem, key_pem)?;
         let b = Self::start_on(port, proxy.port)?;
         Ok((b, proxy))
     }
