@@ -6,7 +6,6 @@
 use outboxd_tests::certs::Ca;
 use outboxd_tests::testkit::{Broker, Postgres};
 use outboxd_tests::*;
-use std::time::Duration;
 
 const TOPIC: &str = "outbox.event.acct";
 
@@ -47,27 +46,13 @@ async fn verified_tls_streams_and_mistakes_are_named() -> anyhow::Result<()> {
     assert_eq!(code, 0, "{out}");
     let log = env.dir.path().join("relay.log");
     let mut relay = RelayProcess::spawn(&config, log.clone())?;
-    let mut c = env.sql().await?;
-    let events: Vec<NewEvent> = (1..=200)
-        .map(|v| NewEvent::new("acct", "a-1", v, "Deposited", serde_json::json!({"v": v})))
-        .collect();
-    let lsn = write_events_returning_lsn(&mut c, &events).await?;
-    eventually(Duration::from_secs(60), || async {
-        Ok(env.confirmed_lsn().await? > lsn)
-    })
-    .await
-    .map_err(|e| anyhow::anyhow!("{e}: {}", reliability::read_log(&log)))?;
+    env.deliver("a-1", 200, &log).await?;
     assert!(relay.sigterm()?.success());
 
     // A certificate from another CA.
     let other = Ca::new("someone else")?;
     let config = write_config(&env, &other.cert.pem(), "wrong_ca.toml")?;
-    let (code, out) = outboxd_cli(&["check"], &config);
-    assert_ne!(code, 0, "{out}");
-    assert!(
-        out.contains("ssl.ca.location"),
-        "the fix is not named: {out}"
-    );
+    check_fails_naming(&config, "ssl.ca.location");
     Ok(())
 }
 
@@ -76,11 +61,6 @@ async fn a_name_the_certificate_does_not_list_is_refused() -> anyhow::Result<()>
     let good_ca = Ca::new("outboxd test CA")?;
     let env = tls_env("ktls_name", &good_ca, &["kafka.other.test"]).await?;
     let config = write_config(&env, &good_ca.cert.pem(), "wrong_name.toml")?;
-    let (code, out) = outboxd_cli(&["check"], &config);
-    assert_ne!(code, 0, "{out}");
-    assert!(
-        out.contains("does not list the host"),
-        "the fix is not named: {out}"
-    );
+    check_fails_naming(&config, "does not list the host");
     Ok(())
 }

@@ -8,10 +8,11 @@
 //! (`clock_timestamp()` at the INSERT, same host clock). Kafka timestamps are whole
 //! milliseconds, so the figure is late by 0–1 ms.
 
-use anyhow::{bail, Context, Result};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use anyhow::{bail, Result};
+use outboxd_testkit::kafka::{assign_all, StartAt};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -45,19 +46,9 @@ impl LiveConsumer {
             .set("enable.partition.eof", "false")
             .set("fetch.wait.max.ms", "10")
             .create()?;
-        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
-        let partitions = md.topics().first().map_or(0, |t| t.partitions().len()) as i32;
-        if partitions == 0 {
+        if assign_all(&consumer, topic, StartAt::End, Duration::from_secs(5))? == 0 {
             bail!("topic {topic} has no partitions");
         }
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions {
-            let (_, high) = consumer
-                .fetch_watermarks(topic, p, Duration::from_secs(5))
-                .with_context(|| format!("watermarks of {topic}/{p}"))?;
-            tpl.add_partition_offset(topic, p, Offset::Offset(high))?;
-        }
-        consumer.assign(&tpl)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::channel();
         let stop2 = stop.clone();

@@ -9,53 +9,14 @@
 //! back and verified afterwards.
 
 use crate::procstat::{self, CpuSnap};
-use crate::world::{self, World, PUBLICATION};
+use crate::world::{self, Sink, World, PUBLICATION};
 use anyhow::{bail, Context, Result};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Contestant {
-    /// `pg_recvlogical … -f /dev/null`: Postgres' own client, nothing done to the rows.
-    CeilingRecvlogical,
-    /// A bare pgwire-replication reader that only receives and confirms.
-    CeilingBare,
-    /// The bare reader over TLS (`--ssl`): the ceiling of an encrypted stream. Not the
-    /// reference ceiling; compare TLS variants with it.
-    CeilingBareTls,
-    Outboxd,
-    /// outboxd with extra environment (`--variant-env`): a proposed fix, measured in the
-    /// same run as the relay as it is.
-    OutboxdVariant,
-    Polling,
-}
-
-impl Contestant {
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::CeilingRecvlogical => "ceiling: pg_recvlogical",
-            Self::CeilingBare => "ceiling: bare reader",
-            Self::CeilingBareTls => "ceiling: bare reader over TLS",
-            Self::Outboxd => "outboxd",
-            Self::OutboxdVariant => "outboxd (variant)",
-            Self::Polling => "polling (SKIP LOCKED)",
-        }
-    }
-
-    /// Short name used in slot and topic names.
-    pub fn tag(self) -> &'static str {
-        match self {
-            Self::CeilingRecvlogical => "rl",
-            Self::CeilingBare => "bare",
-            Self::CeilingBareTls => "baretls",
-            Self::Outboxd => "ob",
-            Self::OutboxdVariant => "obv",
-            Self::Polling => "poll",
-        }
-    }
-}
+pub use crate::contestant::Contestant;
 
 /// One timed run.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -72,6 +33,9 @@ pub struct RunResult {
     /// CPU of its Postgres process: the walsender (slot readers) or the backend (polling).
     pub pg_cpu_s: Option<f64>,
     pub broker_cpu_s: Option<f64>,
+    /// CPU of the bench's proxy thread between relay and broker (TLS-to-Kafka comparison).
+    #[serde(default)]
+    pub proxy_cpu_s: Option<f64>,
     pub peak_rss_kib: Option<u64>,
     pub verified: Option<crate::verify::Verified>,
 }
@@ -119,8 +83,15 @@ pub fn spawn(cmd: &mut Command, log: &Path) -> Result<u32> {
 
 /// The outboxd config of one run: library defaults except a short status interval, so the
 /// slot's confirmed LSN (our stopwatch) trails the broker acks by at most `status_ms`, and
-/// plain text (the bare reader's terms; TLS is measured as a variant, see `--ssl`).
-pub fn outboxd_toml(w: &World, slot: &str, topic: &str, status_ms: u64) -> String {
+/// plain text (the bare reader's terms; TLS is measured as a variant, see `--ssl`). The broker
+/// is `sink`'s, over TLS with the bench's CA when it takes TLS.
+pub fn outboxd_toml(w: &World, sink: &Sink, slot: &str, topic: &str, status_ms: u64) -> String {
+    let tls = sink.tls_ca.as_ref().map_or(String::new(), |ca| {
+        format!(
+            "\"security.protocol\" = \"SSL\"\n\"ssl.ca.location\" = \"{}\"\n",
+            ca.display()
+        )
+    });
     format!(
         r#"[source]
 dsn = "{dsn}"
@@ -133,9 +104,9 @@ sslmode = "disable"
 topic = "{topic}"
 [sink.kafka]
 "bootstrap.servers" = "{bootstrap}"
-"#,
+{tls}"#,
         dsn = w.dsn(),
-        bootstrap = w.bootstrap(),
+        bootstrap = sink.bootstrap,
     )
 }
 
@@ -181,9 +152,13 @@ pub fn slot_command(
             }
             c
         }
-        Contestant::Outboxd | Contestant::OutboxdVariant => {
+        Contestant::Outboxd
+        | Contestant::OutboxdVariant
+        | Contestant::OutboxdViaProxy
+        | Contestant::OutboxdViaTls => {
             let path = w.dir.path().join(format!("{slot}.toml"));
-            std::fs::write(&path, outboxd_toml(w, slot, topic, cfg.status_ms))?;
+            let sink = w.sink(kind)?;
+            std::fs::write(&path, outboxd_toml(w, &sink, slot, topic, cfg.status_ms))?;
             let mut c = match cfg.relay_wrapper.split_first() {
                 Some((prog, args)) => {
                     let mut c = Command::new(prog);
@@ -242,6 +217,7 @@ pub struct Paused {
     pub slot: String,
     pub pid: u32,
     pub walsender: u32,
+    sink: Sink,
     log: PathBuf,
 }
 
@@ -278,6 +254,7 @@ pub async fn start_paused(
         slot: slot.to_string(),
         pid,
         walsender,
+        sink: w.sink(kind)?,
         log,
     })
 }
@@ -286,8 +263,9 @@ pub async fn start_paused(
 pub async fn run_paused(w: &World, p: Paused, end_lsn: u64, events: u64) -> Result<RunResult> {
     let sql = w.sql().await?;
     let (slot, pid, log) = (&p.slot, p.pid, &p.log);
-    let pids = [Some(pid), Some(p.walsender), w.broker_pid];
+    let pids = [Some(pid), Some(p.walsender), p.sink.broker_pid];
     let cpu0 = CpuSnap::take(&pids);
+    let proxy0 = p.sink.proxy_tid.and_then(procstat::thread_cpu_secs);
     let start_lsn = world::slot_state(&sql, slot).await?.1;
     let t0 = Instant::now();
     // SAFETY: kill(2) on our own child.
@@ -316,6 +294,7 @@ pub async fn run_paused(w: &World, p: Paused, end_lsn: u64, events: u64) -> Resu
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu0.delta(&CpuSnap::take(&pids));
+    let proxy1 = p.sink.proxy_tid.and_then(procstat::thread_cpu_secs);
     let rss = procstat::peak_rss_kib(pid);
     if std::env::var_os("BENCH_THREADS").is_some() {
         eprintln!("{} threads:\n{}", p.kind.label(), procstat::threads(pid));
@@ -331,6 +310,7 @@ pub async fn run_paused(w: &World, p: Paused, end_lsn: u64, events: u64) -> Resu
         relay_cpu_s: cpu[0],
         pg_cpu_s: cpu[1],
         broker_cpu_s: cpu[2],
+        proxy_cpu_s: proxy0.zip(proxy1).map(|(a, b)| b - a),
         peak_rss_kib: rss.or(Some(e.max_rss_kib)),
         verified: None,
     })
@@ -385,6 +365,7 @@ pub async fn run_recvlogical(
         relay_cpu_s: Some(exit.cpu_secs),
         pg_cpu_s: cpu[0],
         broker_cpu_s: cpu[1],
+        proxy_cpu_s: None,
         peak_rss_kib: Some(exit.max_rss_kib),
         verified: None,
     })
@@ -438,6 +419,7 @@ pub async fn run_polling(w: &World, events: u64, topic: &str, cfg: &RunCfg) -> R
         relay_cpu_s: Some(exit.cpu_secs),
         pg_cpu_s: Some(summary.backend_cpu_s),
         broker_cpu_s: broker0.zip(broker1).map(|(a, b)| b - a),
+        proxy_cpu_s: None,
         peak_rss_kib: Some(exit.max_rss_kib),
         verified: None,
     })

@@ -9,10 +9,12 @@
 //!
 //! # Layout
 //! - [`bench`]: the phases (throughput per tx size, latency sweep, one huge transaction);
-//!   [`bench_latency`]: the latency phase.
+//!   `bench/live.rs`: the latency phase.
 //! - [`consume`]: the commit→consumer point's consumer.
 //! - [`world`]: Postgres, broker, tables, server-side loaders.
-//! - [`contest`]: timed runs of each contestant as its own process.
+//! - [`contest`]: timed runs of each contestant as its own process; [`contestant`]: who runs.
+//! - [`kafka_hop`]: the second broker behind a plain-or-TLS proxy (what TLS to Kafka costs);
+//!   `report/kafka_tls.rs`: its part of the report.
 //! - [`bare`], [`poll`]: the bare reader and the polling relay (hidden subcommands).
 //! - [`latency`]: open-loop writers and commit→ack measurement.
 //! - [`verify`]: read-back of every event after the clock stopped.
@@ -21,10 +23,11 @@
 
 pub mod bare;
 pub mod bench;
-pub mod bench_latency;
 pub mod chart;
 pub mod consume;
 pub mod contest;
+pub mod contestant;
+pub mod kafka_hop;
 pub mod latency;
 pub mod poll;
 pub mod procstat;

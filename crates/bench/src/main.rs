@@ -17,7 +17,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Start Postgres and a broker, run every contestant, print the report.
-    Run(bench::Opts),
+    Run(Box<bench::Opts>),
     /// Re-render the Markdown and the chart of an earlier run from its JSON report.
     Render {
         #[arg(long)]
@@ -75,7 +75,7 @@ fn main() -> anyhow::Result<()> {
                 let command = std::env::args().collect::<Vec<_>>().join(" ");
                 let (chart_path, json_path, md_path) =
                     (o.chart.clone(), o.json.clone(), o.markdown.clone());
-                let report = bench::run(o, command).await?;
+                let report = bench::run(*o, command).await?;
                 let md = report.markdown();
                 println!("{md}");
                 if let Some(p) = md_path {

@@ -19,7 +19,16 @@ fn clk_tck() -> f64 {
 
 /// utime + stime of `pid` in seconds (resolution: one clock tick, usually 10 ms).
 pub fn cpu_secs(pid: u32) -> Option<f64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_secs(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime of one thread of this process (`/proc/<tid>/stat` would be the whole process).
+pub fn thread_cpu_secs(tid: u32) -> Option<f64> {
+    stat_cpu_secs(&format!("/proc/self/task/{tid}/stat"))
+}
+
+fn stat_cpu_secs(path: &str) -> Option<f64> {
+    let s = std::fs::read_to_string(path).ok()?;
     // The command name may contain spaces or parentheses: fields start after the last ')'.
     let rest = &s[s.rfind(')')? + 1..];
     let f: Vec<&str> = rest.split_whitespace().collect();

@@ -2,9 +2,10 @@
 //! aggregate's events must appear in version (= commit) order within its partition.
 
 use anyhow::{bail, Result};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use outboxd_testkit::kafka::{assign_all, StartAt};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -41,22 +42,9 @@ pub fn verify_topic(
         .set("enable.partition.eof", "false")
         .create()?;
     let deadline = Instant::now() + timeout;
-    let partitions = loop {
-        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(5))?;
-        let p = md.topics().first().map_or(0, |t| t.partitions().len());
-        if p > 0 {
-            break p;
-        }
-        if Instant::now() > deadline {
-            bail!("topic {topic} has no partitions");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+    if assign_all(&consumer, topic, StartAt::Beginning, timeout)? == 0 {
+        bail!("topic {topic} has no partitions");
     }
-    consumer.assign(&tpl)?;
     let mut seen = vec![false; n as usize];
     let mut last: HashMap<Vec<u8>, i64> = HashMap::new();
     let mut v = Verified {

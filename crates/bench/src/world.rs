@@ -1,12 +1,11 @@
 //! The bench's own world: a private Postgres and broker, the outbox table outboxd reads, the
 //! polling baseline's table, and server-side loaders so loading costs no client round trips.
 
+use crate::contestant::Contestant;
+use crate::kafka_hop::{Hop, KafkaHop};
 use crate::procstat;
 use anyhow::{bail, Context, Result};
 use outboxd_testkit::{Broker, PgOptions, Postgres, PG_PASSWORD};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::ClientConfig;
 use std::time::Duration;
 
 /// Database every contestant reads from.
@@ -121,10 +120,23 @@ impl Shape {
     }
 }
 
+/// The broker a contestant produces to, and how.
+#[derive(Debug, Clone)]
+pub struct Sink {
+    pub bootstrap: String,
+    pub broker_pid: Option<u32>,
+    /// The bench's proxy thread in between, if any.
+    pub proxy_tid: Option<u32>,
+    /// TLS to the broker, trusting this CA.
+    pub tls_ca: Option<std::path::PathBuf>,
+}
+
 pub struct World {
     pub pg: Postgres,
     pub broker: Broker,
     pub broker_pid: Option<u32>,
+    /// The broker behind a plain-or-TLS proxy (TLS-to-Kafka comparison), when started.
+    pub hop: Option<KafkaHop>,
     pub dir: tempfile::TempDir,
     /// Next unused aggregate_version (versions never repeat within a bench run).
     pub next_version: i64,
@@ -166,13 +178,14 @@ impl World {
             pg,
             broker,
             broker_pid,
+            hop: None,
             dir: tempfile::Builder::new()
                 .prefix("outboxd-bench-")
                 .tempdir()?,
             next_version: 1,
         };
         let c = w.sql().await?;
-        c.batch_execute(outboxd::admin::OUTBOX_SQL).await?;
+        c.batch_execute(outboxd::OUTBOX_SQL).await?;
         // An append-only outbox needs no vacuum during a benchmark; autovacuum waking up in the
         // middle of a timed phase would only add noise. The polling table keeps autovacuum:
         // its dead rows are part of what polling costs.
@@ -205,6 +218,25 @@ impl World {
 
     pub fn bootstrap(&self) -> String {
         self.broker.bootstrap()
+    }
+
+    /// Where `kind` produces: the main broker directly, or the hop's broker through its proxy.
+    pub fn sink(&self, kind: Contestant) -> Result<Sink> {
+        let Some(hop) = kind.hop() else {
+            return Ok(Sink {
+                bootstrap: self.bootstrap(),
+                broker_pid: self.broker_pid,
+                proxy_tid: None,
+                tls_ca: None,
+            });
+        };
+        let h = self.hop.as_ref().context("the Kafka hop is not running")?;
+        Ok(Sink {
+            bootstrap: h.bootstrap(),
+            broker_pid: h.broker_pid,
+            proxy_tid: Some(h.proxy_tid()),
+            tls_ca: (hop == Hop::Tls).then(|| h.ca_path.clone()),
+        })
     }
 
     pub async fn server_version(&self) -> Result<String> {
@@ -260,7 +292,11 @@ impl World {
                 .await
             {
                 Ok(_) => return Ok(()),
-                Err(e) if e.to_string().contains("is active") => {
+                // The message is on the server's error, not in `Display` ("db error").
+                Err(e)
+                    if e.as_db_error()
+                        .is_some_and(|d| d.message().contains("is active")) =>
+                {
                     tokio::time::sleep(Duration::from_millis(50)).await
                 }
                 Err(e) => return Err(e).with_context(|| format!("drop slot {slot}")),
@@ -271,24 +307,11 @@ impl World {
 
     /// Creates topics with `partitions` partitions each.
     pub async fn create_topics(&self, names: &[String], partitions: i32) -> Result<()> {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()?;
-        let topics: Vec<NewTopic> = names
-            .iter()
-            .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
-            .collect();
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        for r in admin.create_topics(&topics, &opts).await? {
-            if let Err((t, e)) = r {
-                if e != rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists {
-                    bail!("create topic {t}: {e}");
-                }
-            }
-        }
-        Ok(())
+        create_topics_at(&self.bootstrap(), names, partitions).await
     }
 }
+
+pub use outboxd_testkit::kafka::create_topics as create_topics_at;
 
 /// WAL insert position (≥ the end of every commit that already returned).
 pub async fn current_lsn(c: &tokio_postgres::Client) -> Result<u64> {

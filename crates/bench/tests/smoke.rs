@@ -28,7 +28,14 @@ fn bench_smoke_completes_and_verifies_every_event() {
     );
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let runs = r["scenarios"][0]["runs"].as_array().unwrap();
-    for who in ["Outboxd", "OutboxdVariant", "Polling"] {
+    // Outboxd through the Kafka hop too: plain and TLS proxy (what TLS to Kafka costs).
+    for who in [
+        "Outboxd",
+        "OutboxdVariant",
+        "OutboxdViaProxy",
+        "OutboxdViaTls",
+        "Polling",
+    ] {
         let run = runs
             .iter()
             .find(|x| x["contestant"] == who)
@@ -56,6 +63,22 @@ fn bench_smoke_completes_and_verifies_every_event() {
         assert!(first["cpu"][k].as_f64().is_some(), "{k}: {first}");
     }
     assert!(r["write_capacity"]["rate"].as_f64().unwrap() > 0.0);
+    // The TLS-to-Kafka live point of both hops, with the proxy thread's CPU; TLS was negotiated.
+    let k = &r["kafka_tls"];
+    for who in ["OutboxdViaProxy", "OutboxdViaTls"] {
+        let p = k["latency"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["contestant"] == who)
+            .unwrap_or_else(|| panic!("no {who} live point: {k}"));
+        assert!(p["cpu"]["proxy"].as_f64().is_some(), "{who}: {p}");
+        assert_eq!(p["unacked"], 0, "{who}: {p}");
+    }
+    assert!(
+        k["negotiated"].as_str().is_some_and(|n| n.contains("TLS")),
+        "{k}"
+    );
     let with_consumer = r["consumer_points"].as_array().unwrap();
     for who in ["Outboxd", "Polling"] {
         let p = with_consumer

@@ -5,8 +5,8 @@
 //! retrying and stop the process with a message that names the fix.
 
 use crate::config::ConfigError;
-use crate::pgoutput::DecodeError;
-use crate::router::RouteError;
+use crate::relay::pgoutput::DecodeError;
+use crate::relay::route::RouteError;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -57,36 +57,69 @@ pub enum RelayError {
 }
 
 impl RelayError {
+    /// The one place an error is classified: its bounded label and what the supervisor does
+    /// next. Exhaustive on purpose: a new variant does not compile until it is classified here.
+    /// (The fix is in each message: it names the setting or the command.)
+    pub fn policy(&self) -> Policy {
+        use Retry::*;
+        let (class, retry) = match self {
+            Self::Config(_) => ("config", Stop),
+            Self::Setup(_) => ("setup", Stop),
+            Self::Postgres(_) => ("postgres", Backoff),
+            Self::Replication(_) => ("replication", Backoff),
+            Self::SlotBusy { .. } => ("slot_busy", StandBy),
+            Self::Kafka(_) => ("kafka", Backoff),
+            Self::SlotInvalidated(_) => ("slot_invalidated", Backoff),
+            Self::SlotLost(_) => ("slot_lost", Stop),
+            Self::Delivery { .. } => ("delivery", Backoff),
+            Self::Halted { .. } => ("halted", Halt),
+            Self::Decode(_) => ("decode", Stop),
+            Self::Route(_) => ("route", Stop),
+        };
+        Policy { class, retry }
+    }
+
     /// Transient errors restart the session; definite ones stop the relay.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Self::Postgres(_)
-                | Self::Replication(_)
-                | Self::SlotBusy { .. }
-                | Self::Kafka(_)
-                | Self::SlotInvalidated(_)
-                | Self::Delivery { .. }
-                | Self::Halted { .. }
-        )
+        self.policy().retry != Retry::Stop
     }
 
     /// A bounded label for metrics and logs.
     pub fn class(&self) -> &'static str {
-        match self {
-            Self::Config(_) => "config",
-            Self::Setup(_) => "setup",
-            Self::Postgres(_) => "postgres",
-            Self::Replication(_) => "replication",
-            Self::SlotBusy { .. } => "slot_busy",
-            Self::Kafka(_) => "kafka",
-            Self::SlotInvalidated(_) => "slot_invalidated",
-            Self::SlotLost(_) => "slot_lost",
-            Self::Delivery { .. } => "delivery",
-            Self::Halted { .. } => "halted",
-            Self::Decode(_) => "decode",
-            Self::Route(_) => "route",
-        }
+        self.policy().class
+    }
+}
+
+/// What the supervisor does after a session ended with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Transient: a new session from the slot's confirmed LSN after a jittered, doubling backoff.
+    Backoff,
+    /// Another instance streams: stand by and poll at `relay.standby_poll_ms`, ready to take over.
+    StandBy,
+    /// Halted at a poison event (`on_poison = "halt"`): retry at the maximum backoff, not ready,
+    /// until an operator fixes the cause.
+    Halt,
+    /// Definite: retrying cannot help; the relay stops with the message.
+    Stop,
+}
+
+/// An error's classification: see [`RelayError::policy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub class: &'static str,
+    pub retry: Retry,
+}
+
+impl From<crate::relay::tls::TlsError> for RelayError {
+    fn from(e: crate::relay::tls::TlsError) -> Self {
+        Self::Setup(e.0)
+    }
+}
+
+impl From<crate::relay::route::SettingError> for RelayError {
+    fn from(e: crate::relay::route::SettingError) -> Self {
+        Self::Config(e.into())
     }
 }
 
@@ -109,25 +142,41 @@ impl From<tokio_postgres::Error> for RelayError {
     }
 }
 
+/// The SQLSTATE of a server error as pgwire-replication formats it ("… (SQLSTATE 55006)"):
+/// the client exposes the code only inside its message.
+fn sqlstate(msg: &str) -> Option<&str> {
+    let i = msg.rfind("(SQLSTATE ")?;
+    msg[i + 10..].split(')').next()
+}
+
 impl From<pgwire_replication::PgWireError> for RelayError {
     fn from(e: pgwire_replication::PgWireError) -> Self {
+        let server = matches!(e, pgwire_replication::PgWireError::Server(_));
         let msg = e.to_string();
-        // "replication slot \"x\" is active for PID 123"
-        if let Some(i) = msg.find("is active for PID ") {
-            let pid: String = msg[i + 18..]
-                .chars()
-                .take_while(char::is_ascii_digit)
-                .collect();
-            let slot = msg[..i]
-                .rsplit_once("replication slot ")
-                .map(|(_, s)| s.trim().trim_matches('"').to_string())
+        let code = if server { sqlstate(&msg) } else { None };
+        // 55006 object_in_use: "replication slot \"x\" is active for PID 123".
+        if code == Some("55006") {
+            let pid: String = msg
+                .find("for PID ")
+                .map(|i| {
+                    msg[i + 8..]
+                        .chars()
+                        .take_while(char::is_ascii_digit)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let slot = msg
+                .split('"')
+                .nth(1)
+                .map(str::to_string)
                 .unwrap_or_default();
             return Self::SlotBusy { slot, pid };
         }
-        // 55000 at START_REPLICATION: "can no longer get changes from replication slot",
-        // "This slot has been invalidated because ...".
-        if msg.contains("can no longer get changes from replication slot")
-            || msg.contains("has been invalidated")
+        // 55000 object_not_in_prerequisite_state at START_REPLICATION: "can no longer get
+        // changes from replication slot", "This slot has been invalidated because ...".
+        if code == Some("55000")
+            && (msg.contains("can no longer get changes from replication slot")
+                || msg.contains("has been invalidated"))
         {
             return Self::SlotInvalidated(msg);
         }
@@ -138,5 +187,58 @@ impl From<pgwire_replication::PgWireError> for RelayError {
 impl From<rdkafka::error::KafkaError> for RelayError {
     fn from(e: rdkafka::error::KafkaError) -> Self {
         Self::Kafka(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgwire_replication::PgWireError;
+
+    #[test]
+    fn one_policy_per_error() {
+        let busy = RelayError::SlotBusy {
+            slot: "s".into(),
+            pid: "1".into(),
+        };
+        assert_eq!(busy.policy().retry, Retry::StandBy);
+        let halted = RelayError::Halted {
+            event_id: "e".into(),
+            class: "too_large".into(),
+            message: "m".into(),
+        };
+        assert_eq!(halted.policy().retry, Retry::Halt);
+        assert!(halted.is_transient());
+        assert_eq!(
+            RelayError::Kafka("down".into()).policy().retry,
+            Retry::Backoff
+        );
+        let definite = RelayError::Setup("wal_level".into());
+        assert_eq!(definite.policy().retry, Retry::Stop);
+        assert!(!definite.is_transient());
+        assert_eq!(definite.class(), "setup");
+    }
+
+    #[test]
+    fn slot_busy_and_invalidated_by_sqlstate() {
+        let busy = PgWireError::Server(
+            "replication slot \"s1\" is active for PID 4242 (SQLSTATE 55006)".into(),
+        );
+        match RelayError::from(busy) {
+            RelayError::SlotBusy { slot, pid } => {
+                assert_eq!((slot.as_str(), pid.as_str()), ("s1", "4242"))
+            }
+            e => panic!("{e:?}"),
+        }
+        let gone = PgWireError::Server(
+            "can no longer get changes from replication slot \"s1\" (SQLSTATE 55000)".into(),
+        );
+        assert!(matches!(
+            RelayError::from(gone),
+            RelayError::SlotInvalidated(_)
+        ));
+        // The same words without the code (a protocol message) are not a busy slot.
+        let text = PgWireError::Protocol("slot \"s1\" is active for PID 1".into());
+        assert!(matches!(RelayError::from(text), RelayError::Replication(_)));
     }
 }

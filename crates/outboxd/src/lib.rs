@@ -4,139 +4,46 @@
 //! replays identical `event_id`s and never loses one.
 //!
 //! # Layout
-//! - [`config`]: TOML + `OUTBOXD_*` env configuration, validated up front.
-//! - [`source`]: SQL preflight checks, slot handling, and the replication stream.
-//! - [`slot_state`]: the durable memory of the stream (`outboxd_slot_state`);
-//!   [`slot_guard`]: slot-loss detection at session start; [`recovery`]: republishing a lost
-//!   slot's gap from the outbox table.
-//! - [`tls`]: TLS to Postgres (`sslmode` …) for the SQL connection and the stream alike.
-//! - [`pgoutput`]: our decoder for the Relation/Insert messages of the stream.
-//! - [`router`]: outbox row → Kafka record (topic template, key, value, headers, timestamp).
-//! - [`producer`]: librdkafka (idempotent, `acks=all`); delivery reports become [`producer::Ack`]s.
-//! - [`ack`]: the tracker turning out-of-order acks into the one LSN safe to confirm.
-//! - [`policy`], [`validate`], [`parking`]: poison events — classification, per-type policy,
-//!   JSON Schema checks, the durable `outbox_parked` table and the in-order release after repair.
-//! - [`stages`]: what each stage does with one replication event; [`pipeline`]: one session.
-//! - [`parked_cmd`]: `outboxd parked list|show|retry|discard`.
-//! - [`fail`]: crash hooks for the crash-window tests (feature `failpoints`).
-//! - [`admin`]: `outboxd init` and `outboxd check`; [`status`]: `outboxd status`;
-//!   [`alerts`]: `outboxd alerts` (Prometheus rules from per-event-type delay budgets).
-//! - [`obs`], [`session_obs`], [`obs_errors`]: metric names, `/metrics` `/healthz` `/readyz`,
-//!   heartbeats, slot health and the status row.
-//! - [`cli`]: the command line.
-//! - [`run`]: the supervisor: sessions restart after transient errors, stop on definite ones.
+//! Data flows one way through the relay; what flows back is the acknowledgement.
+//!
+//! - `supervisor`: [`run`] — one session after another; transient errors restart from the
+//!   slot, definite ones stop the relay.
+//! - `relay/`: one session, in data-flow order:
+//!   - `source`: SQL preflight, slot handling and the replication stream; `tls`: TLS to
+//!     Postgres for both;
+//!   - `pgoutput`: our decoder of Relation/Insert messages;
+//!   - `route`: outbox row → Kafka record (topic template, key, value, headers, timestamp);
+//!   - `kafka`: librdkafka (idempotent, `acks=all`), each delivery report classified once into
+//!     an `Ack`; `kafka/oidc`: OAUTHBEARER tokens; `kafka/hint`: the fix for a refusal;
+//!   - `ack`: the tracker turning out-of-order acks into the one LSN safe to confirm;
+//!   - `stages`: what the stages do with one replication event; `session`: one session's loop.
+//! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
+//!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
+//! - `poison/`: events retrying cannot fix — `policy` (classes, per-type policy), `validate`
+//!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair).
+//! - `obs/`: metric names ([`obs`]), health and the HTTP listener, `watch` (heartbeats, stalls,
+//!   slot health, per-type ages), `errors` (error counts), `status_row` (all `outboxd_status`
+//!   SQL).
+//! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
+//!   `alerts`, `parked`, `recover`).
+//! - [`config`] (+ `secrets`), [`error`], `fail` (crash hooks for the crash-window tests).
+//!
+//! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
+//! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in
+//! [`obs`]; everything else is private to the crate. No state is process-wide: a relay's health,
+//! error counts and session count live in the `Observed` its runner created and passed down.
 
-pub mod ack;
-pub mod admin;
-pub mod alerts;
-pub mod cli;
+pub mod cmd;
 pub mod config;
 pub mod error;
-pub mod fail;
-pub mod kafka_hint;
+pub(crate) mod fail;
 pub mod obs;
-pub mod obs_errors;
-pub mod parked_cmd;
-pub mod parking;
-pub mod pgoutput;
-pub mod pipeline;
-pub mod policy;
-pub mod producer;
-pub mod recover_cmd;
-pub mod recovery;
-pub mod router;
-pub mod secrets;
-pub mod session_obs;
-pub mod slot_guard;
-pub mod slot_state;
-pub mod source;
-pub mod stages;
-pub mod status;
-pub mod tls;
-pub mod validate;
+pub(crate) mod poison;
+pub(crate) mod relay;
+pub(crate) mod slot;
+pub(crate) mod supervisor;
 
+pub use cmd::admin::{init, OUTBOX_SQL};
 pub use config::Config;
 pub use error::RelayError;
-
-use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
-use tokio::sync::watch;
-
-/// Runs the relay until `shutdown` turns true (Ok) or a definite error occurs (Err).
-///
-/// Transient errors — Postgres or broker unreachable, the slot held by another instance — end
-/// the session; a new one starts from the slot's confirmed LSN after a bounded, jittered
-/// exponential backoff. Tests run the whole service through this entry point.
-pub async fn run(cfg: Config, mut shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
-    let max = Duration::from_millis(cfg.relay.max_backoff_ms);
-    let mut backoff = Duration::from_millis(100).min(max);
-    let mut attempt: u64 = 0;
-    loop {
-        if *shutdown.borrow() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        let err = match pipeline::run_session(&cfg, &mut shutdown).await {
-            Ok(pipeline::SessionEnd::Shutdown) => return Ok(()),
-            Err(e) if e.is_transient() => e,
-            Err(e) => return Err(e),
-        };
-        obs_errors::restart(err.class());
-        metrics::gauge!(obs::ROLE_ACTIVE).set(0.0);
-        let health = obs::health();
-        health
-            .standby
-            .store(matches!(err, RelayError::SlotBusy { .. }), Relaxed);
-        health.streaming.store(false, Relaxed);
-        if started.elapsed() > HEALTHY_SESSION {
-            backoff = Duration::from_millis(100).min(max);
-            attempt = 0;
-        }
-        attempt += 1;
-        let wait = match &err {
-            // A standby polls at a steady pace so it can take over quickly.
-            RelayError::SlotBusy { .. } => Duration::from_millis(cfg.relay.standby_poll_ms),
-            RelayError::Halted { .. } => max,
-            _ => jitter(backoff),
-        };
-        match &err {
-            RelayError::SlotBusy { .. } => {
-                tracing::info!(role = "standby", error = %err, retry_in_ms = wait.as_millis() as u64, "slot busy")
-            }
-            RelayError::Halted { .. } => {
-                health.halted.store(true, Relaxed);
-                metrics::gauge!(obs::HALTED).set(1.0);
-                tracing::error!(error = %err, retry_in_ms = wait.as_millis() as u64, "HALTED")
-            }
-            _ => tracing::warn!(
-                error = %cfg.redactor.scrub(&err.to_string()),
-                class = err.class(),
-                attempt,
-                retry_in_ms = wait.as_millis() as u64,
-                "session failed; restarting from the slot's confirmed LSN"
-            ),
-        }
-        metrics::gauge!(obs::RETRY_BACKOFF).set(wait.as_secs_f64());
-        if !matches!(err, RelayError::SlotBusy { .. }) {
-            status::record_failure(&cfg, &err, attempt, wait).await;
-        }
-        backoff = (backoff * 2).min(max);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.changed() => return Ok(()),
-        }
-    }
-}
-
-/// A session that ran this long counts as healthy: the next failure starts a new streak
-/// (attempt 1, shortest backoff) instead of continuing the old one.
-pub(crate) const HEALTHY_SESSION: Duration = Duration::from_secs(30);
-
-/// 50–100 % of `d`, so restarting instances do not retry in lockstep.
-fn jitter(d: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.subsec_nanos())
-        .unwrap_or(0);
-    d.mul_f64(0.5 + f64::from(nanos % 1000) / 2000.0)
-}
+pub use supervisor::{run, run_observed};

@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    outboxd::cli::main()
+    outboxd::cmd::main()
 }

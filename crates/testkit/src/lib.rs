@@ -8,17 +8,25 @@
 //!   14, 17 and 18 are installed by `scripts/deps.sh` under `.dev/pg/<major>`.
 //! - [`Broker`]: a tansu Kafka-protocol broker on a free port (memory storage) that can be
 //!   killed and restarted on the same port.
+//! - [`kafka::assign_all`]: a consumer assigned every partition of a topic, from the beginning
+//!   or the end, without a group join (the tests' and the benchmark's readers).
 //! - [`free_port`], [`tansu_bin`], [`pg_bin_dir`], [`pg_bin_dir_for`], [`pg_isready_bin`]:
 //!   locating things.
 //!
 //! Every child process gets `PR_SET_PDEATHSIG = SIGKILL`, so a test process that dies (or is
 //! killed by a timeout) never leaves servers behind.
 
+mod acceptor;
+pub mod kafka;
 pub mod proxy;
+pub mod sasl_proxy;
 pub mod tls_proxy;
+pub mod token_stub;
 
 pub use proxy::{Mode, Proxy};
+pub use sasl_proxy::{SaslOptions, SaslProxy};
 pub use tls_proxy::TlsProxy;
+pub use token_stub::{TokenRequest, TokenStub};
 
 use anyhow::{bail, Context, Result};
 use std::net::TcpListener;
@@ -749,11 +757,27 @@ impl Broker {
         Ok((b, proxy))
     }
 
+    /// A broker that tells clients to use `advertised` (a proxy of the caller's, already
+    /// listening there) instead of its own port [`Broker::port`].
+    pub fn start_advertising(advertised: u16) -> Result<Self> {
+        Self::start_on(free_port(), advertised)
+    }
+
     /// A broker whose clients must speak TLS: it advertises a [`TlsProxy`] with the given
     /// certificate chain and key (PEM). Its own plain port is [`Broker::port`] (for tansu's CLI).
     pub fn start_behind_tls(cert_pem: &str, key_pem: &str) -> Result<(Self, TlsProxy)> {
         let port = free_port();
         let proxy = TlsProxy::start(0, ([127, 0, 0, 1], port).into(), cert_pem, key_pem)?;
+        let b = Self::start_on(port, proxy.port)?;
+        Ok((b, proxy))
+    }
+
+    /// A broker whose clients must authenticate with SASL (and speak TLS too when `opts.tls` is
+    /// set): it advertises a [`SaslProxy`] with `opts`. Its own plain port is [`Broker::port`]
+    /// (for tansu's CLI). Add users or tokens on the proxy.
+    pub fn start_behind_sasl(opts: SaslOptions) -> Result<(Self, SaslProxy)> {
+        let port = free_port();
+        let proxy = SaslProxy::start(([127, 0, 0, 1], port).into(), opts)?;
         let b = Self::start_on(port, proxy.port)?;
         Ok((b, proxy))
     }

@@ -8,7 +8,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// See the module docs. Dropping it stops accepting (open connections end with the thread's
 /// runtime).
@@ -21,55 +21,35 @@ impl TlsProxy {
     /// Listens on `port` (0: pick one) with the PEM certificate chain and key, forwards to
     /// `upstream` in plain TCP.
     pub fn start(port: u16, upstream: SocketAddr, cert_pem: &str, key_pem: &str) -> Result<Self> {
-        let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-                .collect::<Result<_, _>>()
-                .context("certificate PEM")?;
-        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("key PEM")?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let std_listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
-        std_listener.set_nonblocking(true)?;
-        let port = std_listener.local_addr()?.port();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name(format!("tls-proxy-{port}"))
-            .spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("tls proxy runtime");
-                rt.block_on(async move {
-                    let listener = TcpListener::from_std(std_listener).expect("listener");
-                    let accept = async {
-                        while let Ok((sock, _)) = listener.accept().await {
-                            let acceptor = acceptor.clone();
-                            tokio::spawn(async move {
-                                // A failed handshake (wrong CA or name on the client side) just
-                                // ends the connection, as a real TLS listener does.
-                                let Ok(mut tls) = acceptor.accept(sock).await else {
-                                    return;
-                                };
-                                let Ok(mut up) = TcpStream::connect(upstream).await else {
-                                    return;
-                                };
-                                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
-                            });
-                        }
-                    };
-                    tokio::select! {
-                        _ = accept => {}
-                        _ = stop_rx => {}
-                    }
-                });
-            })?;
-        Ok(Self {
-            port,
-            _stop: stop_tx,
-        })
+        let acceptor = tls_acceptor(cert_pem, key_pem)?;
+        let (port, stop) = crate::acceptor::spawn("tls-proxy", port, move |sock| {
+            let acceptor = acceptor.clone();
+            async move {
+                // A failed handshake (wrong CA or name on the client side) just ends the
+                // connection, as a real TLS listener does.
+                let Ok(mut tls) = acceptor.accept(sock).await else {
+                    return;
+                };
+                let Ok(mut up) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+            }
+        })?;
+        Ok(Self { port, _stop: stop })
     }
+}
+
+/// A rustls server configuration for a PEM certificate chain and key (also the SASL proxy's).
+pub(crate) fn tls_acceptor(cert_pem: &str, key_pem: &str) -> Result<tokio_rustls::TlsAcceptor> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .context("certificate PEM")?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("key PEM")?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }

@@ -1,0 +1,282 @@
+//! The latency phase: one relay process per contestant; after a warm-up, one point at
+//! `--consumer-at` with a consumer reading the topic (commit→consumer), then each offered load
+//! of the sweep in turn (open loop, no consumer). Also the TLS-to-Kafka comparison's live point.
+
+use super::{log, verify_timeout, Opts};
+use crate::consume::LiveConsumer;
+use crate::contest::{self, Contestant, RunCfg};
+use crate::latency::{self, ConfirmPoller, PollingLive, Written};
+use crate::procstat::{self, CpuSnap};
+use crate::report::{LatencyPoint, LiveCpu};
+use crate::scrape;
+use crate::verify::verify_topic;
+use crate::world::{self, World, AGG_TYPE};
+use anyhow::{bail, Result};
+use std::time::{Duration, Instant};
+
+/// An offered load: events/s and, when given as one, the fraction of the ceiling.
+pub type Load = (f64, Option<f64>);
+
+/// The sweep's points, then the consumer points (in that order, per contestant).
+pub async fn latency_phase(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    rates: &[Load],
+    consumer_at: Option<Load>,
+) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
+    let (mut points, mut with_consumer) = (vec![], vec![]);
+    w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.partitions)
+        .await?;
+    let mut relays = vec![Contestant::Outboxd];
+    if !o.variant_env.is_empty() {
+        relays.push(Contestant::OutboxdVariant);
+    }
+    for k in relays {
+        let (p, c) = latency_relay(w, o, cfg, k, None, rates, consumer_at).await?;
+        points.extend(p);
+        with_consumer.extend(c);
+    }
+    if !o.skip_polling {
+        let (p, c) = latency_polling(w, o, cfg, rates, consumer_at).await?;
+        points.extend(p);
+        with_consumer.extend(c);
+    }
+    Ok((points, with_consumer))
+}
+
+async fn latency_polling(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    rates: &[Load],
+    consumer_at: Option<Load>,
+) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let topic = format!("poll.lat.{AGG_TYPE}");
+    w.sql()
+        .await?
+        .batch_execute("TRUNCATE outbox_poll RESTART IDENTITY")
+        .await?;
+    let mut live = PollingLive::start(w, &topic, cfg)?;
+    let warm = latency::open_loop(w, "outbox_poll", Some(2_000.0), 0.25, shape, 1).await?;
+    live.collect(warm.first_version, warm.events, Duration::from_secs(30));
+    let backend = live.backend_pid.load(std::sync::atomic::Ordering::Relaxed);
+    let pids = [
+        Some(live.pid),
+        (backend > 0).then_some(backend),
+        w.broker_pid,
+    ];
+    // First, as for the relays.
+    let mut with_consumer = vec![];
+    if let Some(load) = consumer_at {
+        let c = LiveConsumer::start(&w.bootstrap(), &topic)?;
+        let (p, written) = polling_point(w, o, &mut live, &pids, load).await?;
+        with_consumer.push(consumer_view(p, c, &written)?);
+    }
+    let mut points = vec![];
+    for &load in rates {
+        let (p, _) = polling_point(w, o, &mut live, &pids, load).await?;
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
+    }
+    live.stop()?;
+    Ok((points, with_consumer))
+}
+
+/// Adds what the consumer read of the point's events.
+fn consumer_view(mut p: LatencyPoint, c: LiveConsumer, written: &Written) -> Result<LatencyPoint> {
+    p.consumer_view = Some(c.finish(written)?);
+    log(p.consumer_line());
+    Ok(p)
+}
+
+async fn polling_point(
+    w: &mut World,
+    o: &Opts,
+    live: &mut PollingLive,
+    pids: &[Option<u32>; 3],
+    (rate, fraction): Load,
+) -> Result<(LatencyPoint, Written)> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let cpu0 = CpuSnap::take(pids);
+    let written = latency::open_loop(
+        w,
+        "outbox_poll",
+        Some(rate),
+        o.latency_secs,
+        shape,
+        o.writers,
+    )
+    .await?;
+    let (lat, missing) = live.collect(
+        written.first_version,
+        written.events,
+        Duration::from_secs(30),
+    );
+    let mut p = LatencyPoint::new(Contestant::Polling, rate, fraction, &written, lat, missing);
+    let cpu = cpu0.delta(&CpuSnap::take(pids));
+    // The polling relay's backend stands where the walsender stands for outboxd.
+    p.cpu = LiveCpu::of(&written, cpu[0], cpu[1], cpu[2]);
+    log(p.line());
+    Ok((p, written))
+}
+
+/// The TLS-to-Kafka comparison's live point: per round, one relay process through the plain
+/// proxy and one through the TLS proxy (taking turns going first), each at `load` after its
+/// warm-up.
+pub async fn kafka_tls_points(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    load: Load,
+) -> Result<Vec<LatencyPoint>> {
+    let mut out = vec![];
+    for r in 1..=o.runs {
+        let mut pair = [Contestant::OutboxdViaProxy, Contestant::OutboxdViaTls];
+        if r.is_multiple_of(2) {
+            pair.reverse();
+        }
+        for k in pair {
+            let (p, _) = latency_relay(w, o, cfg, k, Some(r), &[load], None).await?;
+            out.extend(p);
+        }
+    }
+    Ok(out)
+}
+
+/// What one relay process's points share.
+struct RelayRun<'a> {
+    kind: Contestant,
+    sql: &'a tokio_postgres::Client,
+    slot: &'a str,
+    metrics_port: u16,
+    pids: [Option<u32>; 3],
+    proxy_tid: Option<u32>,
+}
+
+/// One relay process (fresh slot) for all offered loads, after a warm-up. `round` numbers the
+/// slot and topic when a contestant gets more than one process.
+async fn latency_relay(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    kind: Contestant,
+    round: Option<usize>,
+    rates: &[Load],
+    consumer_at: Option<Load>,
+) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let r = round.map_or(String::new(), |r| r.to_string());
+    let slot = format!("{}_lat{r}", kind.tag());
+    let topic = format!("{}.lat{r}.{AGG_TYPE}", kind.tag());
+    let sink = w.sink(kind)?;
+    w.create_slot(&slot).await?;
+    world::create_topics_at(&sink.bootstrap, std::slice::from_ref(&topic), o.partitions).await?;
+    let sql = w.sql().await?;
+    let log_path = w.dir.path().join(format!("{slot}.log"));
+    let tpl = format!("{}.lat{r}.{{aggregate_type}}", kind.tag());
+    let mut cmd = contest::slot_command(w, kind, &slot, 0, &tpl, cfg)?;
+    // The relay's own commit→ack histogram (see `scrape`): production runs with metrics on.
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    cmd.env(
+        "OUTBOXD_METRICS_LISTEN",
+        format!("127.0.0.1:{metrics_port}"),
+    );
+    let pid = contest::spawn(&mut cmd, &log_path)?;
+    contest::wait_active(&sql, &slot, pid, &log_path).await?;
+    let walsender = world::slot_state(&sql, &slot).await?.0.map(|p| p as u32);
+    let run = RelayRun {
+        kind,
+        sql: &sql,
+        slot: &slot,
+        metrics_port,
+        pids: [Some(pid), walsender, sink.broker_pid],
+        proxy_tid: sink.proxy_tid,
+    };
+    // Warm-up: the relay's first delivery pays for broker metadata and the producer id
+    // (about a second on tansu); that is start-up, not commit→ack latency.
+    let warm = latency::open_loop(w, "outbox", Some(2_000.0), 0.25, shape, 1).await?;
+    let warm_lsn = warm.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while world::slot_state(&sql, &slot).await?.1 < warm_lsn && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (first, mut total) = (warm.first_version, warm.events);
+    // The consumer point comes first, while the topic is short: tansu's fetches (memory
+    // storage) cost more the longer the topic, which would charge the broker, not the relay.
+    let mut with_consumer = vec![];
+    if let Some(load) = consumer_at {
+        let c = LiveConsumer::start(&sink.bootstrap, &topic)?;
+        let (p, written) = relay_point(w, o, &run, load).await?;
+        total += written.events;
+        with_consumer.push(consumer_view(p, c, &written)?);
+    }
+    let mut points = vec![];
+    for &load in rates {
+        let (p, written) = relay_point(w, o, &run, load).await?;
+        total += written.events;
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
+    }
+    let rss = crate::procstat::peak_rss_kib(pid);
+    crate::procstat::terminate(pid, Duration::from_secs(30))?;
+    w.drop_slot(&slot).await?;
+    for p in points.iter_mut().chain(with_consumer.iter_mut()) {
+        p.peak_rss_kib = rss;
+    }
+    let v = verify_topic(&sink.bootstrap, &topic, first, total, verify_timeout(total))?;
+    // Concurrent writers commit versions out of order, so only completeness is checked.
+    if v.distinct != v.expected {
+        bail!("{} latency run failed verification: {v:?}", kind.label());
+    }
+    if let Some(last) = points.last_mut() {
+        last.verified = Some(v);
+    }
+    Ok((points, with_consumer))
+}
+
+async fn relay_point(
+    w: &mut World,
+    o: &Opts,
+    r: &RelayRun<'_>,
+    (rate, fraction): Load,
+) -> Result<(LatencyPoint, Written)> {
+    let shape = o.shape(o.tx_sizes[0]);
+    let hist0 = scrape::commit_to_ack(r.metrics_port)?;
+    let cpu0 = CpuSnap::take(&r.pids);
+    let proxy0 = r.proxy_tid.and_then(procstat::thread_cpu_secs);
+    let poller = ConfirmPoller::start(w, r.slot, Duration::from_millis(o.confirm_poll_ms)).await?;
+    let written =
+        latency::open_loop(w, "outbox", Some(rate), o.latency_secs, shape, o.writers).await?;
+    let target = written.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while world::slot_state(r.sql, r.slot).await?.1 < target && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let samples = poller.finish().await?;
+    let cpu = cpu0.delta(&CpuSnap::take(&r.pids));
+    let proxy1 = r.proxy_tid.and_then(procstat::thread_cpu_secs);
+    let relay_view = scrape::commit_to_ack(r.metrics_port)?.since(&hist0);
+    let (lat, unacked) = latency::slot_latencies(&written.commits, &samples);
+    if let Ok(path) = std::env::var("BENCH_DUMP_LATENCY") {
+        latency::dump(&path, &written.commits, &samples)?;
+    }
+    let mut p = LatencyPoint::new(r.kind, rate, fraction, &written, lat, unacked);
+    p.relay_view = Some(relay_view);
+    p.cpu = LiveCpu::of(&written, cpu[0], cpu[1], cpu[2]);
+    p.cpu.proxy = proxy0
+        .zip(proxy1)
+        .filter(|_| written.events > 0)
+        .map(|(a, b)| (b - a) * 1e6 / written.events as f64);
+    log(p.line());
+    Ok((p, written))
+}

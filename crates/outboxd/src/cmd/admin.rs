@@ -1,0 +1,309 @@
+//! `outboxd init` (create what is missing, idempotently) and `outboxd check` (report every
+//! problem with its fix, exit non-zero on any).
+
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::relay::kafka::Producer;
+use crate::relay::route::Preset;
+use crate::relay::source::{self, quote_ident};
+use std::time::Duration;
+
+/// The default schema, exactly as shipped in `sql/001_outbox.sql`.
+pub const OUTBOX_SQL: &str = include_str!("../../../../sql/001_outbox.sql");
+
+/// Creates the outbox table (default schema only), the publication and the slot when missing.
+pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
+    let sql = source::sql_connect(cfg).await?;
+    let mut done = Vec::new();
+    let (schema, table) = cfg.table_name();
+    let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+    if cfg.source.columns.preset == Preset::Outboxd {
+        let ddl = OUTBOX_SQL
+            .replace("public.outbox", &qualified)
+            .replace("outbox_created_at_idx", &format!("{table}_created_at_idx"))
+            .replace("'outbox_pub'", &format!("'{}'", cfg.source.publication))
+            .replace(
+                "PUBLICATION outbox_pub",
+                &format!("PUBLICATION {}", cfg.source.publication),
+            );
+        sql.batch_execute(&ddl).await?;
+        done.push(format!(
+            "table {schema}.{table} and publication {} present",
+            cfg.source.publication
+        ));
+    } else {
+        let exists: bool = sql
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+            .await?
+            .get(0);
+        if !exists {
+            return Err(RelayError::Setup(format!(
+                "table {schema}.{table} does not exist; with preset {:?} outboxd reads your \
+                 existing table and does not create it",
+                cfg.source.columns.preset
+            )));
+        }
+        let has_pub: bool = sql
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+                &[&cfg.source.publication],
+            )
+            .await?
+            .get(0);
+        if !has_pub {
+            sql.batch_execute(&format!(
+                "CREATE PUBLICATION {} FOR TABLE {qualified} WITH (publish = 'insert')",
+                cfg.source.publication
+            ))
+            .await?;
+        }
+        done.push(format!("publication {} present", cfg.source.publication));
+    }
+    crate::poison::store::ensure_tables(&sql).await?;
+    crate::obs::status_row::ensure_table(&sql).await?;
+    done.push("tables outbox_parked, outbox_parked_audit and outboxd_status present".into());
+    // From now on a lost slot is detected and its gap recovered (docs/reliability.md). The row
+    // is written BEFORE the slot exists: a change written after the slot but before a
+    // publication the user creates next would make pgoutput fail with "publication does not
+    // exist" (it reads publications as of each change).
+    crate::slot::state::ensure_table(&sql).await?;
+    if crate::slot::state::load(&sql, &cfg.source.slot)
+        .await?
+        .is_none()
+    {
+        let identity = crate::slot::state::identity(&sql).await?;
+        let lsn = match source::slot_state(cfg, &sql).await? {
+            Some(s) => s.confirmed_flush,
+            None => {
+                let l: String = sql
+                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                    .await?
+                    .get(0);
+                source::parse_lsn(&l)?
+            }
+        };
+        crate::slot::state::reset(&sql, &cfg.source.slot, &identity, lsn, None).await?;
+    }
+    let (slot, _) = source::preflight(cfg, &sql, true).await?;
+    done.push("table outboxd_slot_state present".into());
+    done.push(format!(
+        "slot {} present (confirmed_flush_lsn {})",
+        cfg.source.slot,
+        source::fmt_lsn(slot.confirmed_flush)
+    ));
+    Ok(done)
+}
+
+/// One line of `outboxd check` output.
+#[derive(Debug)]
+pub struct CheckLine {
+    pub ok: bool,
+    pub what: String,
+    pub detail: String,
+}
+
+fn line(ok: bool, what: &str, detail: impl Into<String>) -> CheckLine {
+    CheckLine {
+        ok,
+        what: what.into(),
+        detail: detail.into(),
+    }
+}
+
+/// Runs every check it can; a failed connection skips the checks that need it.
+pub async fn check(cfg: &Config) -> Vec<CheckLine> {
+    let mut out = vec![line(true, "config", "parsed and valid")];
+    match source::sql_connect(cfg).await {
+        Err(e) => out.push(line(
+            false,
+            "postgres",
+            format!("{e} — is source.dsn right and the server up?"),
+        )),
+        Ok(sql) => {
+            out.push(line(true, "postgres", "connected"));
+            out.push(match privileges(&sql).await {
+                Ok(true) => line(true, "privileges", "role may use replication"),
+                Ok(false) => line(
+                    false,
+                    "privileges",
+                    "the role lacks REPLICATION: ALTER ROLE <user> WITH REPLICATION;",
+                ),
+                Err(e) => line(false, "privileges", e.to_string()),
+            });
+            let preflight = source::preflight(cfg, &sql, false).await;
+            let confirmed = preflight.as_ref().map_or(0, |(s, _)| s.confirmed_flush);
+            out.push(replication(cfg, confirmed).await);
+            match preflight {
+                Ok((slot, _)) => {
+                    out.push(line(true, "wal_level / table / publication", "ok"));
+                    out.push(line(
+                        true,
+                        "slot",
+                        match slot.active_pid {
+                            Some(pid) => format!(
+                                "{} exists, in use by PID {pid} (this instance would stand by)",
+                                cfg.source.slot
+                            ),
+                            None => format!(
+                                "{} exists, confirmed_flush_lsn {}",
+                                cfg.source.slot,
+                                source::fmt_lsn(slot.confirmed_flush)
+                            ),
+                        },
+                    ));
+                }
+                Err(RelayError::Setup(m)) if m.contains("slot") && cfg.source.create_slot => {
+                    out.push(line(true, "slot", format!("{m} (run will create it)")))
+                }
+                Err(e) => out.push(line(false, "source setup", e.to_string())),
+            }
+            if let Some(l) = columns(cfg, &sql).await {
+                out.push(l);
+            }
+            out.push(failover(cfg, &sql).await);
+        }
+    }
+    out.push(match broker(cfg) {
+        Ok(()) => line(true, "broker", "metadata fetched"),
+        Err(e) => {
+            let msg = crate::relay::kafka::hint::explain(&e.to_string(), &cfg.sink.kafka);
+            let msg = if crate::relay::kafka::hint::names_fix(&msg) {
+                msg
+            } else {
+                format!("{msg} — check sink.kafka.\"bootstrap.servers\" and that the broker is up")
+            };
+            line(false, "broker", cfg.redactor.scrub(&msg))
+        }
+    });
+    out
+}
+
+/// The replication connection has its own TLS handshake and needs a free walsender, so it is
+/// tried for real: started on the slot and stopped at once, confirming nothing (the status updates
+/// carry at most the slot's own position, and the server never moves a slot backwards).
+async fn replication(cfg: &Config, confirmed: u64) -> CheckLine {
+    const WHAT: &str = "replication connection";
+    let start = source::start_stream(cfg, confirmed, Duration::from_secs(10));
+    match tokio::time::timeout(Duration::from_secs(15), start).await {
+        Ok(Ok(client)) => {
+            client.stop();
+            line(true, WHAT, "authenticated, streaming starts")
+        }
+        Ok(Err(RelayError::SlotBusy { pid, .. })) => line(
+            true,
+            WHAT,
+            format!("authenticated (the slot is streaming to PID {pid})"),
+        ),
+        Ok(Err(e)) if e.to_string().contains("does not exist") => {
+            line(true, WHAT, "authenticated (the slot does not exist yet)")
+        }
+        Ok(Err(e)) => line(false, WHAT, e.to_string()),
+        Err(_) => line(false, WHAT, "no answer within 15 s"),
+    }
+}
+
+/// Whether the slot survives a promotion (PG17+ failover slots synchronized to standbys).
+async fn failover(cfg: &Config, sql: &tokio_postgres::Client) -> CheckLine {
+    const WHAT: &str = "failover";
+    let major = match source::server_major(sql).await {
+        Ok(m) => m,
+        Err(e) => return line(false, WHAT, e.to_string()),
+    };
+    if major < 17 {
+        return line(
+            true,
+            WHAT,
+            format!(
+                "Postgres {major} has no failover slots: after a promotion the slot is missing and \
+                 outboxd republishes the gap from the outbox table (on_slot_loss = {:?})",
+                cfg.source.on_slot_loss
+            ),
+        );
+    }
+    let q = "SELECT (SELECT failover FROM pg_replication_slots WHERE slot_name = $1), \
+                    current_setting('synchronized_standby_slots'), \
+                    (SELECT count(*) FROM pg_stat_replication WHERE application_name NOT LIKE 'outboxd:%')";
+    let row = match sql.query_one(q, &[&cfg.source.slot]).await {
+        Ok(r) => r,
+        Err(e) => return line(false, WHAT, RelayError::from(e).to_string()),
+    };
+    let (fo, sync, standbys): (Option<bool>, String, i64) = (row.get(0), row.get(1), row.get(2));
+    let slot = match fo {
+        Some(true) => "a failover slot",
+        Some(false) => "NOT a failover slot (created before outboxd made failover slots; a promotion loses it and outboxd recovers from the table)",
+        None => "not created yet (it will be a failover slot)",
+    };
+    let sync_txt = if sync.is_empty() {
+        "synchronized_standby_slots is empty: the relay may be sent changes a standby has not \
+         received yet, so after a promotion the synced slot can be behind (duplicates) or, if \
+         the standby's copy never caught up, missing (outboxd recovers). List the standbys' \
+         physical slots there"
+            .to_string()
+    } else {
+        format!("synchronized_standby_slots = '{sync}'")
+    };
+    line(
+        true,
+        WHAT,
+        format!(
+            "slot {} is {slot}; {sync_txt}; {standbys} standby connection(s); standbys need \
+             sync_replication_slots = on, hot_standby_feedback = on and dbname in primary_conninfo",
+            cfg.source.slot
+        ),
+    )
+}
+
+async fn privileges(sql: &tokio_postgres::Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// Required columns of the configured mapping that the table lacks.
+async fn columns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine> {
+    let names = cfg.source.columns.resolve().ok()?;
+    let (schema, table) = cfg.table_name();
+    let rows = sql
+        .query(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_schema = $1 AND table_name = $2",
+            &[&schema, &table],
+        )
+        .await
+        .ok()?;
+    if rows.is_empty() {
+        return None; // reported by preflight
+    }
+    let have: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let missing: Vec<&str> = [
+        &names.event_id,
+        &names.aggregate_type,
+        &names.aggregate_id,
+        &names.event_type,
+        &names.payload,
+    ]
+    .into_iter()
+    .filter(|n| !have.contains(n))
+    .map(String::as_str)
+    .collect();
+    Some(if missing.is_empty() {
+        line(true, "columns", "all required columns present")
+    } else {
+        line(
+            false,
+            "columns",
+            format!(
+                "{schema}.{table} lacks {missing:?}: set source.columns.* (or preset) to your names"
+            ),
+        )
+    })
+}
+
+fn broker(cfg: &Config) -> Result<(), RelayError> {
+    let (p, _rx) = Producer::new(cfg, Default::default())?;
+    p.ping(Duration::from_secs(5))
+}

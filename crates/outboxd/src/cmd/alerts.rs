@@ -1,0 +1,225 @@
+//! `outboxd alerts`: Prometheus alerting rules generated from the config (R26): one delivery-delay
+//! budget per event type — a search index may lag 10 minutes, a notification 1 minute — plus slot
+//! lag, WAL status, a stalled heartbeat, a halted relay, parked events and no active relay.
+
+use crate::obs;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConfig {
+    /// Seconds an event of a type may wait for the broker before an alert; `default` applies to
+    /// types not listed.
+    #[serde(default)]
+    pub delivery_budget_seconds: BTreeMap<String, u64>,
+    #[serde(default = "d_lag")]
+    pub slot_lag_bytes: u64,
+    #[serde(default = "d_hb")]
+    pub heartbeat_stale_seconds: u64,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        Self {
+            delivery_budget_seconds: BTreeMap::new(),
+            slot_lag_bytes: d_lag(),
+            heartbeat_stale_seconds: d_hb(),
+        }
+    }
+}
+
+fn d_lag() -> u64 {
+    1 << 30
+}
+fn d_hb() -> u64 {
+    60
+}
+
+/// Escapes a label value for a PromQL string literal.
+fn promql_str(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// Escapes a YAML double-quoted scalar.
+fn yaml_str(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+struct Rule {
+    alert: &'static str,
+    expr: String,
+    for_: &'static str,
+    severity: &'static str,
+    labels: Vec<(&'static str, String)>,
+    summary: String,
+}
+
+/// The rules file (YAML), for `rule_files:` in prometheus.yml.
+pub fn rules(cfg: &AlertsConfig) -> String {
+    let mut rules = Vec::new();
+    let budgets = &cfg.delivery_budget_seconds;
+    for (event_type, secs) in budgets.iter().filter(|(t, _)| *t != "default") {
+        rules.push(Rule {
+            alert: "OutboxdDeliveryBudgetExceeded",
+            expr: format!(
+                "max by (event_type) ({}{{event_type=\"{}\"}}) > {secs}",
+                obs::OLDEST_PENDING_AGE,
+                promql_str(event_type)
+            ),
+            for_: "30s",
+            severity: "page",
+            labels: vec![("event_type", event_type.clone())],
+            summary: format!("{event_type} events wait longer than their {secs}s delivery budget"),
+        });
+    }
+    if let Some(secs) = budgets.get("default") {
+        let listed: Vec<String> = budgets
+            .keys()
+            .filter(|t| *t != "default")
+            .map(|t| promql_str(t))
+            .collect();
+        let selector = if listed.is_empty() {
+            String::new()
+        } else {
+            format!("{{event_type!~\"{}\"}}", listed.join("|"))
+        };
+        rules.push(Rule {
+            alert: "OutboxdDeliveryBudgetExceeded",
+            expr: format!(
+                "max by (event_type) ({}{selector}) > {secs}",
+                obs::OLDEST_PENDING_AGE
+            ),
+            for_: "30s",
+            severity: "page",
+            labels: vec![],
+            summary: format!("events wait longer than the default {secs}s delivery budget"),
+        });
+    }
+    rules.push(Rule {
+        alert: "OutboxdSlotLagHigh",
+        expr: format!("max({}) > {}", obs::SLOT_LAG_BYTES, cfg.slot_lag_bytes),
+        for_: "5m",
+        severity: "warning",
+        labels: vec![],
+        summary: "the replication slot retains more WAL than allowed; the relay is behind or down"
+            .into(),
+    });
+    rules.push(Rule {
+        alert: "OutboxdSlotLost",
+        expr: format!("sum(increase({}[15m])) > 0", obs::SLOT_LOSSES),
+        for_: "0s",
+        severity: "page",
+        labels: vec![],
+        summary: "the replication slot was lost (dropped, invalidated, failover or restore): \
+                  check that the recovery finished (outboxd status) or run outboxd recover"
+            .into(),
+    });
+    rules.push(Rule {
+        alert: "OutboxdBrokerAuthFailing",
+        expr: format!(
+            "sum(increase({}{{class=~\"auth|tls\"}}[5m])) > 0",
+            obs::BROKER_ERRORS
+        ),
+        for_: "2m",
+        severity: "page",
+        labels: vec![],
+        summary: "the broker refuses the relay's credentials or TLS (rotated password, expired \
+                  certificate, revoked client): events wait; outboxd status shows the cause"
+            .into(),
+    });
+    rules.push(Rule {
+        alert: "OutboxdSlotWalEndangered",
+        expr: format!(
+            "max({}{{status=~\"unreserved|lost\"}}) == 1",
+            obs::SLOT_WAL_STATUS
+        ),
+        for_: "0s",
+        severity: "page",
+        labels: vec![],
+        summary: "the slot's WAL is about to be or has been removed (max_slot_wal_keep_size)"
+            .into(),
+    });
+    rules.push(Rule {
+        alert: "OutboxdHeartbeatStale",
+        expr: format!(
+            "max({}) > {} and max({}) == 1",
+            obs::HEARTBEAT_AGE,
+            cfg.heartbeat_stale_seconds,
+            obs::ROLE_ACTIVE
+        ),
+        for_: "1m",
+        severity: "page",
+        labels: vec![],
+        summary: "heartbeats no longer come back through the replication stream".into(),
+    });
+    rules.push(Rule {
+        alert: "OutboxdHalted",
+        expr: format!("max({}) == 1", obs::HALTED),
+        for_: "0s",
+        severity: "page",
+        labels: vec![],
+        summary: "the relay is halted at a poison event (on_poison = \"halt\"); see outboxd parked / logs".into(),
+    });
+    rules.push(Rule {
+        alert: "OutboxdParkedEvents",
+        expr: format!(
+            "sum by (event_type) ({}{{state=\"parked\"}}) > 0",
+            obs::PARKED
+        ),
+        for_: "0s",
+        severity: "warning",
+        labels: vec![],
+        summary: "events are parked and need an operator (outboxd parked list)".into(),
+    });
+    rules.push(Rule {
+        alert: "OutboxdDown",
+        expr: format!("absent({}) or sum({}) < 1", obs::UP, obs::ROLE_ACTIVE),
+        for_: "1m",
+        severity: "page",
+        labels: vec![],
+        summary: "no outboxd instance holds the slot".into(),
+    });
+
+    let mut out = String::from("# Generated by `outboxd alerts` from the [alerts] config section.\ngroups:\n  - name: outboxd\n    rules:\n");
+    for r in rules {
+        let _ = writeln!(out, "      - alert: {}", r.alert);
+        let _ = writeln!(out, "        expr: {}", yaml_str(&r.expr));
+        let _ = writeln!(out, "        for: {}", r.for_);
+        let _ = writeln!(out, "        labels:");
+        let _ = writeln!(out, "          severity: {}", r.severity);
+        for (k, v) in &r.labels {
+            let _ = writeln!(out, "          {k}: {}", yaml_str(v));
+        }
+        let _ = writeln!(out, "        annotations:");
+        let _ = writeln!(out, "          summary: {}", yaml_str(&r.summary));
+        let _ = writeln!(out, "          runbook: \"docs/operations.md\"");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budgets_become_rules_and_only_known_metrics_are_used() {
+        let cfg: AlertsConfig = toml::from_str(
+            "[delivery_budget_seconds]\nSearchIndexRequested = 600\nNotificationRequested = 60\ndefault = 300\n",
+        )
+        .unwrap();
+        let y = rules(&cfg);
+        assert!(y.contains("outboxd_oldest_pending_age_seconds{event_type=\\\"SearchIndexRequested\\\"}) > 600"), "{y}");
+        assert!(
+            y.contains("event_type!~\\\"NotificationRequested|SearchIndexRequested\\\""),
+            "{y}"
+        );
+        let known: Vec<&str> = obs::METRICS.iter().map(|(n, _)| *n).collect();
+        for word in y.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("outboxd_") {
+                assert!(known.contains(&word), "rule uses unknown metric {word}");
+            }
+        }
+    }
+}

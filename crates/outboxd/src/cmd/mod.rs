@@ -1,0 +1,238 @@
+//! The `outboxd` command line: `run`, `init`, `check`.
+
+pub(crate) mod admin;
+pub(crate) mod alerts;
+pub(crate) mod parked;
+pub(crate) mod recover;
+pub(crate) mod status;
+
+use crate::config::{Config, LogFormat};
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio::sync::watch;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "outboxd",
+    version,
+    about = "Transactional outbox relay: Postgres WAL → Kafka"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Stream committed outbox rows to Kafka until SIGTERM/SIGINT.
+    Run(ConfigArg),
+    /// Create the outbox table, publication and slot when missing (idempotent).
+    Init(ConfigArg),
+    /// Validate config, connectivity, wal_level, publication, slot, privileges and the broker.
+    Check(ConfigArg),
+    /// Slot, active relay, lag, oldest pending age, errors, heartbeat age, parked events.
+    Status {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print Prometheus alerting rules generated from the `[alerts]` section.
+    Alerts(ConfigArg),
+    /// Republish what a lost replication slot never streamed, from the outbox table.
+    ///
+    /// Without --since: the gap outboxd detected (slot dropped, invalidated, failover, restore),
+    /// as `run` does by itself under on_slot_loss = "recover". With --since: every outbox row
+    /// created since then (e.g. after restoring into a new cluster). Stop the relay first.
+    Recover {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Republish rows created at or after this time (RFC 3339, e.g. 2026-12-03T10:00:00Z).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Print the range and counts per event type; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Inspect and repair parked (poison) events.
+    Parked {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        cmd: crate::cmd::parked::ParkedCmd,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ConfigArg {
+    /// TOML config file; every key can be overridden by `OUTBOXD_<SECTION>_<KEY>`.
+    #[arg(long, short, env = "OUTBOXD_CONFIG")]
+    pub config: PathBuf,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => b.json().init(),
+        LogFormat::Text => b.init(),
+    }
+}
+
+/// Entry point of the binary (also used by the test crate's copy of the binary).
+pub fn main() -> ExitCode {
+    use clap::{CommandFactory, FromArgMatches};
+    let version: &'static str = Box::leak(long_version().into_boxed_str());
+    let matches = Cli::command().long_version(version).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // One thread: the replication client's worker task and the pipeline hand every event over
+    // without a thread switch (measured: half the CPU per event of a two-worker runtime, see
+    // docs/benchmarks.md). librdkafka keeps its own threads.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("outboxd: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `outboxd --version`: the version, librdkafka's, and what it was built with (TLS, SASL
+/// mechanisms, OIDC), so an operator can tell before connecting whether a cluster is reachable.
+fn long_version() -> String {
+    let (_, librdkafka) = rdkafka::util::get_rdkafka_version();
+    format!(
+        "{}\nlibrdkafka {librdkafka}\nbuilt-in: {}",
+        env!("CARGO_PKG_VERSION"),
+        builtin_features()
+    )
+}
+
+/// librdkafka's `builtin.features` (e.g. `ssl,sasl_plain,sasl_scram,sasl_oauthbearer,…`).
+pub fn builtin_features() -> String {
+    rdkafka::ClientConfig::new()
+        .create_native_config()
+        .and_then(|c| c.get("builtin.features"))
+        .unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let path = match &cli.cmd {
+        Cmd::Run(a) | Cmd::Init(a) | Cmd::Check(a) | Cmd::Alerts(a) => a.config.clone(),
+        Cmd::Status { config, .. } => config.config.clone(),
+        Cmd::Parked { config, .. } => config.config.clone(),
+        Cmd::Recover { config, .. } => config.config.clone(),
+    };
+    let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
+    init_logging(cfg.log.format);
+    // Errors built by libraries may repeat a secret of the configuration.
+    command(cli, &cfg)
+        .await
+        .map_err(|e| anyhow::anyhow!(cfg.redactor.scrub(&format!("{e:#}"))))
+}
+
+async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
+    let cfg = cfg.clone();
+    match cli.cmd {
+        Cmd::Run(_) => {
+            // This relay's health and counts: served on /readyz, reported in the status row.
+            let observed = std::sync::Arc::new(crate::obs::Observed::default());
+            if let Some(addr) = &cfg.metrics.listen {
+                let addr: std::net::SocketAddr = addr.parse()?;
+                let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+                    .set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Full(
+                            crate::obs::COMMIT_TO_ACK.into(),
+                        ),
+                        &[
+                            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                            60.0,
+                        ],
+                    )?
+                    .build_recorder();
+                let handle = recorder.handle();
+                metrics::set_global_recorder(recorder).context("install metrics recorder")?;
+                crate::obs::describe();
+                crate::obs::serve(addr, handle, observed.clone())
+                    .await
+                    .with_context(|| format!("serve metrics on {addr}"))?;
+                tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+            }
+            let (tx, rx) = watch::channel(false);
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                tracing::info!("shutdown requested: draining in-flight events");
+                let _ = tx.send(true);
+                wait_for_signal().await;
+                tracing::warn!("second signal: exiting without draining");
+                std::process::exit(130);
+            });
+            crate::run_observed(cfg, rx, observed).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Status { json, .. } => {
+            let v = crate::cmd::status::collect(&cfg).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", crate::cmd::status::render(&v));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Alerts(_) => {
+            print!("{}", crate::cmd::alerts::rules(&cfg.alerts));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Parked { cmd, .. } => {
+            println!("{}", crate::cmd::parked::run(&cfg, cmd).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Recover { since, dry_run, .. } => {
+            print!("{}", crate::cmd::recover::run(&cfg, since, dry_run).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Init(_) => {
+            for l in crate::cmd::admin::init(&cfg).await? {
+                println!("ok  {l}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Check(_) => {
+            let lines = crate::cmd::admin::check(&cfg).await;
+            let failed = lines.iter().filter(|l| !l.ok).count();
+            for l in &lines {
+                println!(
+                    "{}  {:<32} {}",
+                    if l.ok { "ok  " } else { "FAIL" },
+                    l.what,
+                    l.detail
+                );
+            }
+            Ok(if failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("outboxd check: {failed} problem(s)");
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

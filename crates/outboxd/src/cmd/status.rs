@@ -1,0 +1,210 @@
+//! `outboxd status`: the slot as Postgres sees it, the active relay, what it last reported, and
+//! the parked events — a human table by default, `--json` for scripts.
+
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::relay::source;
+use serde_json::{json, Value};
+
+/// Collects the status document.
+pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
+    let sql = source::sql_connect(cfg).await?;
+    // Operators run this when something is wrong, e.g. while a maintenance transaction holds
+    // the parking table: wait briefly for locks, then report what could not be read.
+    sql.batch_execute("SET lock_timeout = '3s'").await?;
+    let slot = &cfg.source.slot;
+    let s = sql
+        .query_opt(
+            "SELECT active_pid, confirmed_flush_lsn::text, \
+                    (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, \
+                    (pg_current_wal_lsn() - restart_lsn)::bigint, wal_status, safe_wal_size \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[slot],
+        )
+        .await?;
+    let slot_doc = match &s {
+        None => json!({"name": slot, "exists": false}),
+        Some(r) => json!({
+            "name": slot,
+            "exists": true,
+            "active_pid": r.get::<_, Option<i32>>(0),
+            "confirmed_flush_lsn": r.get::<_, Option<String>>(1),
+            "lag_bytes": r.get::<_, Option<i64>>(2),
+            "retained_wal_bytes": r.get::<_, Option<i64>>(3),
+            "wal_status": r.get::<_, Option<String>>(4),
+            "safe_wal_size": r.get::<_, Option<i64>>(5),
+        }),
+    };
+    let relay = sql
+        .query_opt(
+            "SELECT application_name, client_addr::text, state FROM pg_stat_replication \
+             WHERE application_name LIKE $1 LIMIT 1",
+            &[&format!("outboxd:{slot}:%")],
+        )
+        .await?
+        .map(|r| {
+            let app: String = r.get(0);
+            json!({
+                "relay_pid": app.rsplit(':').next().and_then(|p| p.parse::<i64>().ok()),
+                "client_addr": r.get::<_, Option<String>>(1),
+                "state": r.get::<_, Option<String>>(2),
+            })
+        });
+    let has_tables: bool = sql
+        .query_one(
+            "SELECT to_regclass('public.outboxd_status') IS NOT NULL AND to_regclass('public.outbox_parked') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    let (reported, parked) = if has_tables {
+        let rep = crate::obs::status_row::read(&sql, slot).await?;
+        let parked = match crate::poison::store::open_stats(&sql, slot).await {
+            Ok(stats) => stats
+                .into_iter()
+                .map(|(t, st, n, age)| json!({"event_type": t, "state": st, "count": n, "oldest_age_seconds": age}))
+                .collect(),
+            Err(e) => json!({"unavailable": e.to_string()}),
+        };
+        (rep, parked)
+    } else {
+        (None, json!([]))
+    };
+    let delivery = delivery_state(cfg, &sql).await?;
+    Ok(
+        json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "delivery_state": delivery}),
+    )
+}
+
+/// The relay's durable memory of the stream, and what the slot guard would decide now.
+async fn delivery_state(cfg: &Config, sql: &tokio_postgres::Client) -> Result<Value, RelayError> {
+    let state = crate::slot::state::load_if_present(sql, &cfg.source.slot).await?;
+    let Some(st) = state else {
+        return Ok(Value::Null);
+    };
+    let slot = source::slot_state(cfg, sql).await?;
+    let identity = crate::slot::state::identity(sql).await?;
+    let verdict = match crate::slot::guard::decide(
+        Some(&st),
+        slot.as_ref(),
+        &identity,
+        cfg.source.recovery_window,
+    ) {
+        crate::slot::guard::Decision::Lost(l) => format!(
+            "LOST ({}): {}; gap from {}",
+            l.reason.label(),
+            l.reason,
+            l.since.map_or("unknown".into(), |s| s.to_rfc3339())
+        ),
+        _ => "ok".into(),
+    };
+    Ok(json!({
+        "verdict": verdict,
+        "system_identifier": st.identity.system_id,
+        "timeline": st.identity.timeline,
+        "acked_lsn": source::fmt_lsn(st.acked_lsn),
+        "delivery_mark": st.delivery_mark.map(|t| t.to_rfc3339()),
+        "recovering_since": st.recovering_since.map(|t| t.to_rfc3339()),
+        "recoveries": st.recoveries,
+        "last_recovery_at": st.last_recovery_at.map(|t| t.to_rfc3339()),
+        "last_recovery_events": st.last_recovery_events,
+        "updated_seconds_ago": (chrono::Utc::now() - st.updated_at).num_milliseconds() as f64 / 1000.0,
+    }))
+}
+
+/// The human-readable form.
+pub fn render(v: &Value) -> String {
+    let g = |p: &str| -> String {
+        match v.pointer(p) {
+            None | Some(Value::Null) => "-".into(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Number(n)) => match n.as_f64() {
+                Some(f) if n.is_f64() => format!("{f:.1}"),
+                _ => n.to_string(),
+            },
+            Some(other) => other.to_string(),
+        }
+    };
+    let mut out = String::new();
+    let mut row = |k: &str, val: String| out.push_str(&format!("{k:<28} {val}\n"));
+    row("slot", g("/slot/name"));
+    row("  active walsender pid", g("/slot/active_pid"));
+    row("  active relay pid", g("/active_relay/relay_pid"));
+    row("  confirmed_flush_lsn", g("/slot/confirmed_flush_lsn"));
+    row("  lag bytes", g("/slot/lag_bytes"));
+    row("  retained WAL bytes", g("/slot/retained_wal_bytes"));
+    row("  wal_status", g("/slot/wal_status"));
+    row("  safe_wal_size", g("/slot/safe_wal_size"));
+    row("delivery state", g("/delivery_state/verdict"));
+    row("  acked lsn", g("/delivery_state/acked_lsn"));
+    row("  delivery mark", g("/delivery_state/delivery_mark"));
+    row(
+        "  system id / timeline",
+        format!(
+            "{} / {}",
+            g("/delivery_state/system_identifier"),
+            g("/delivery_state/timeline")
+        ),
+    );
+    row("  recovering since", g("/delivery_state/recovering_since"));
+    row(
+        "  recoveries (last)",
+        format!(
+            "{} ({} at {})",
+            g("/delivery_state/recoveries"),
+            g("/delivery_state/last_recovery_events"),
+            g("/delivery_state/last_recovery_at")
+        ),
+    );
+    row("relay (last report)", g("/reported/instance"));
+    row(
+        "  reported seconds ago",
+        g("/reported/reported_seconds_ago"),
+    );
+    row("  pending events", g("/reported/pending_events"));
+    row(
+        "  oldest pending age s",
+        g("/reported/oldest_pending_age_seconds"),
+    );
+    row("  heartbeat age s", g("/reported/heartbeat_age_seconds"));
+    row(
+        "  heartbeat delay s",
+        g("/reported/heartbeat_delay_seconds"),
+    );
+    row("  halted", g("/reported/halted"));
+    row("  errors", g("/reported/errors"));
+    row("  failed attempts in a row", g("/reported/attempt"));
+    row(
+        "  last error",
+        format!(
+            "[{}] {}",
+            g("/reported/last_error_class"),
+            g("/reported/last_error")
+        ),
+    );
+    row(
+        "  next attempt in s",
+        g("/reported/next_attempt_in_seconds"),
+    );
+    match v.get("parked").and_then(Value::as_array) {
+        Some(p) if !p.is_empty() => {
+            for e in p {
+                row(
+                    "parked",
+                    format!(
+                        "{} {} x{} (oldest {:.0}s)",
+                        e["event_type"].as_str().unwrap_or("?"),
+                        e["state"].as_str().unwrap_or("?"),
+                        e["count"],
+                        e["oldest_age_seconds"].as_f64().unwrap_or(0.0)
+                    ),
+                );
+            }
+        }
+        _ => match v.pointer("/parked/unavailable").and_then(Value::as_str) {
+            Some(why) => row("parked", format!("unavailable: {why}")),
+            None => row("parked", "none".into()),
+        },
+    }
+    out
+}

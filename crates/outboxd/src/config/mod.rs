@@ -1,0 +1,592 @@
+//! Configuration: a TOML file, every key overridable by `OUTBOXD_<SECTION>_<KEY>` environment
+//! variables (secrets such as the DSN or its password usually come from the environment).
+//!
+//! `[sink.kafka]` is passed verbatim to librdkafka; its env form maps `_` to `.`
+//! (`OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS` → `bootstrap.servers`).
+
+pub(crate) mod secrets;
+mod validate;
+
+use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+impl From<crate::relay::route::SettingError> for ConfigError {
+    fn from(e: crate::relay::route::SettingError) -> Self {
+        Self::Invalid(e.0)
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid(msg.into())
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub source: SourceConfig,
+    /// Every secret of this configuration, to scrub from errors and logs (see `config::secrets`).
+    #[serde(skip)]
+    pub redactor: crate::config::secrets::Redactor,
+    #[serde(default)]
+    pub sink: SinkConfig,
+    #[serde(default)]
+    pub relay: RelayConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    /// Poison-event policy: `ordering` and `on_poison`, per event type.
+    #[serde(default)]
+    pub policy: crate::poison::policy::PolicyConfig,
+    #[serde(default)]
+    pub validation: ValidationConfig,
+    #[serde(default)]
+    pub heartbeat: HeartbeatConfig,
+    #[serde(default)]
+    pub alerts: crate::cmd::alerts::AlertsConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatConfig {
+    /// Emit `pg_logical_emit_message` on the source this often; 0 disables heartbeats.
+    #[serde(default = "d_hb_ms", deserialize_with = "lenient")]
+    pub interval_ms: u64,
+    /// With heartbeats on: a stream that delivers nothing for this long while the relay is
+    /// reading is treated as dead and the session restarts (a blackholed connection).
+    #[serde(default = "d_stall_ms", deserialize_with = "lenient")]
+    pub stall_timeout_ms: u64,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: d_hb_ms(),
+            stall_timeout_ms: d_stall_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationConfig {
+    /// Directory of JSON Schemas, `<dir>/<event_type>/<schema_version>.json`; unset: no validation.
+    #[serde(default)]
+    pub schema_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address of the Prometheus endpoint (`/metrics`), e.g. "0.0.0.0:9187"; unset: disabled.
+    #[serde(default)]
+    pub listen: Option<String>,
+}
+
+/// `Debug` (in `config::secrets`) hides the DSN's password and `password`.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// libpq-style URL or key=value DSN of the source database.
+    pub dsn: String,
+    /// Overrides the DSN's password (keep the DSN in the file, the password in the env).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// A file holding the password (a mounted secret); read at start-up.
+    #[serde(default)]
+    pub password_file: Option<std::path::PathBuf>,
+    #[serde(default = "d_publication")]
+    pub publication: String,
+    #[serde(default = "d_slot")]
+    pub slot: String,
+    /// Schema-qualified outbox table (`public.outbox`).
+    #[serde(default = "d_table")]
+    pub table: String,
+    /// Create the slot at start-up when missing (`outboxd init` always creates it).
+    #[serde(default = "d_true", deserialize_with = "lenient")]
+    pub create_slot: bool,
+    /// Standby status interval; capped at `wal_sender_timeout / 2` at run time.
+    #[serde(default = "d_status_ms", deserialize_with = "lenient")]
+    pub status_interval_ms: u64,
+    #[serde(default)]
+    pub columns: crate::relay::route::Columns,
+    /// TLS to Postgres (libpq's meanings): disable | prefer | require | verify-ca | verify-full.
+    /// Unset: the DSN's `sslmode`, else `prefer`.
+    #[serde(default)]
+    pub sslmode: Option<crate::relay::tls::SslMode>,
+    /// CA certificates (PEM) that must sign the server's certificate (verify-ca/verify-full);
+    /// unset: the Mozilla roots.
+    #[serde(default)]
+    pub sslrootcert: Option<std::path::PathBuf>,
+    /// Client certificate chain and key (PEM) when the server asks for one (`cert` auth).
+    #[serde(default)]
+    pub sslcert: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub sslkey: Option<std::path::PathBuf>,
+    /// What to do when the slot is gone, invalidated or belongs to another history (failover,
+    /// restore, `max_slot_wal_keep_size`, an operator's DROP): `recover` republishes the gap
+    /// from the outbox table, `halt` exits naming the gap and the command that recovers it.
+    #[serde(default)]
+    pub on_slot_loss: SlotLossPolicy,
+    /// How far before the delivery mark a recovery starts reading the outbox (`created_at` is
+    /// the writer's transaction start, which precedes its commit by the transaction's length).
+    /// Seconds, or a duration such as "10m".
+    #[serde(default = "d_recovery_window", deserialize_with = "duration_secs")]
+    pub recovery_window: Duration,
+    /// How often the acknowledged position and delivery mark are written to
+    /// `outboxd_slot_state` (what a Postgres crash may replay is bounded by it).
+    #[serde(default = "d_state_ms", deserialize_with = "lenient")]
+    pub state_interval_ms: u64,
+}
+
+/// `source.on_slot_loss`.
+impl SourceConfig {
+    /// The TLS settings, for the SQL connection and the stream alike.
+    pub fn tls(&self) -> crate::relay::tls::TlsSettings<'_> {
+        crate::relay::tls::TlsSettings {
+            sslmode: self.sslmode,
+            sslrootcert: self.sslrootcert.as_deref(),
+            sslcert: self.sslcert.as_deref(),
+            sslkey: self.sslkey.as_deref(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotLossPolicy {
+    #[default]
+    Recover,
+    Halt,
+}
+
+/// `Debug` (in `config::secrets`) hides the values of secret librdkafka properties.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    /// Topic template; `{aggregate_type}` and `{event_type}` are substituted.
+    #[serde(default = "d_topic")]
+    pub topic: String,
+    /// librdkafka properties, verbatim.
+    #[serde(default)]
+    pub kafka: BTreeMap<String, String>,
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        Self {
+            topic: d_topic(),
+            kafka: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Upper bound on events between the oldest unacknowledged one and the newest produced.
+    #[serde(default = "d_max_events", deserialize_with = "lenient")]
+    pub max_in_flight_events: usize,
+    /// Upper bound on the bytes (key + value + headers) of unacknowledged events.
+    #[serde(default = "d_max_bytes", deserialize_with = "lenient")]
+    pub max_in_flight_bytes: usize,
+    /// How long SIGTERM waits for in-flight events before confirming what was acknowledged.
+    #[serde(default = "d_shutdown_ms", deserialize_with = "lenient")]
+    pub shutdown_timeout_ms: u64,
+    /// Largest backoff between session restarts (transient failures, slot held elsewhere).
+    #[serde(default = "d_backoff_ms", deserialize_with = "lenient")]
+    pub max_backoff_ms: u64,
+    /// How often a standby instance tries to take the slot over (bounds failover time).
+    #[serde(default = "d_standby_ms", deserialize_with = "lenient")]
+    pub standby_poll_ms: u64,
+    /// How often the relay looks for operator repairs of parked events.
+    #[serde(default = "d_repair_ms", deserialize_with = "lenient")]
+    pub repair_interval_ms: u64,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        Self {
+            max_in_flight_events: d_max_events(),
+            max_in_flight_bytes: d_max_bytes(),
+            shutdown_timeout_ms: d_shutdown_ms(),
+            max_backoff_ms: d_backoff_ms(),
+            repair_interval_ms: d_repair_ms(),
+            standby_poll_ms: d_standby_ms(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+fn d_publication() -> String {
+    "outbox_pub".into()
+}
+fn d_slot() -> String {
+    "outboxd".into()
+}
+fn d_table() -> String {
+    "public.outbox".into()
+}
+fn d_true() -> bool {
+    true
+}
+fn d_status_ms() -> u64 {
+    1000
+}
+fn d_state_ms() -> u64 {
+    1000
+}
+fn d_recovery_window() -> Duration {
+    Duration::from_secs(600)
+}
+
+/// A duration as whole seconds (TOML integer or string) or a humantime string ("10m", "90s").
+fn duration_secs<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        N(u64),
+        S(String),
+    }
+    match Either::deserialize(d)? {
+        Either::N(n) => Ok(Duration::from_secs(n)),
+        Either::S(s) => match s.trim().parse::<u64>() {
+            Ok(n) => Ok(Duration::from_secs(n)),
+            Err(_) => humantime::parse_duration(s.trim()).map_err(|e| {
+                serde::de::Error::custom(format!("{e}: use seconds or a duration such as \"10m\""))
+            }),
+        },
+    }
+}
+fn d_topic() -> String {
+    "outbox.event.{aggregate_type}".into()
+}
+fn d_max_events() -> usize {
+    // librdkafka holds ~600 B per queued message beyond its payload: 20k keeps peak RSS well
+    // under 64 MiB even when starting on a backlog (docs/benchmarks.md).
+    20_000
+}
+fn d_max_bytes() -> usize {
+    32 << 20
+}
+fn d_shutdown_ms() -> u64 {
+    10_000
+}
+fn d_backoff_ms() -> u64 {
+    5_000
+}
+fn d_hb_ms() -> u64 {
+    5_000
+}
+fn d_stall_ms() -> u64 {
+    20_000
+}
+fn d_standby_ms() -> u64 {
+    1_000
+}
+fn d_repair_ms() -> u64 {
+    1_000
+}
+
+/// Accepts a native TOML value or a string (environment overrides are always strings).
+fn lenient<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr + Deserialize<'de>,
+    T::Err: std::fmt::Display,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either<T> {
+        S(String),
+        T(T),
+    }
+    match Either::<T>::deserialize(d)? {
+        Either::S(s) => s.parse().map_err(serde::de::Error::custom),
+        Either::T(t) => Ok(t),
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml_and_env(&text, std::env::vars())
+    }
+
+    /// Parses `text`, applies `OUTBOXD_*` overrides from `env`, validates.
+    pub fn from_toml_and_env(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut root: toml::Table = text
+            .parse()
+            .map_err(|e| invalid(crate::config::secrets::toml_syntax(text, &e)))?;
+        for (k, v) in env {
+            if let Some(rest) = k.strip_prefix("OUTBOXD_") {
+                apply_override(&mut root, rest, v)?;
+            }
+        }
+        // Typing errors echo the values they could not read: scrub the secrets among them.
+        let raw = crate::config::secrets::of_table(&root);
+        let mut cfg: Config = toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| invalid(raw.scrub(e.message())))?;
+        crate::config::secrets::load_files(&mut cfg)?;
+        cfg.redactor = crate::config::secrets::Redactor::of(
+            &cfg.sink.kafka,
+            &cfg.source.dsn,
+            cfg.source.password.as_deref(),
+        );
+        cfg.validate().map_err(|e| match e {
+            ConfigError::Invalid(m) => invalid(cfg.redactor.scrub(&m)),
+            other => other,
+        })?;
+        Ok(cfg)
+    }
+
+    /// (schema, table) of the outbox table.
+    pub fn table_name(&self) -> (String, String) {
+        match self.source.table.split_once('.') {
+            Some((s, t)) => (s.to_string(), t.to_string()),
+            None => ("public".to_string(), self.source.table.clone()),
+        }
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.relay.shutdown_timeout_ms)
+    }
+}
+
+/// `OUTBOXD_*` variables that are not config overrides (CLI, tests, demo, dev tooling).
+const NOT_CONFIG: [&str; 6] = [
+    "CONFIG",
+    "FAILPOINTS",
+    "PG_BIN",
+    "TANSU",
+    "DEMO_DSN",
+    "DEMO_BOOTSTRAP",
+];
+
+fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<(), ConfigError> {
+    if NOT_CONFIG.contains(&key) {
+        return Ok(());
+    }
+    let lower = key.to_ascii_lowercase();
+    let (section, rest) = lower.split_once('_').ok_or_else(|| {
+        invalid(format!(
+            "env OUTBOXD_{key}: expected OUTBOXD_<SECTION>_<KEY>"
+        ))
+    })?;
+    const SECTIONS: [&str; 9] = [
+        "source",
+        "sink",
+        "relay",
+        "log",
+        "metrics",
+        "policy",
+        "validation",
+        "heartbeat",
+        "alerts",
+    ];
+    if !SECTIONS.contains(&section) {
+        return Err(invalid(format!(
+            "env OUTBOXD_{key}: unknown section `{section}` ({})",
+            SECTIONS.join(", ")
+        )));
+    }
+    let table = sub_table(root, section)?;
+    let (table, leaf) = if section == "sink" && rest.starts_with("kafka_") {
+        (
+            sub_table(table, "kafka")?,
+            rest["kafka_".len()..].replace('_', "."),
+        )
+    } else if section == "source" && rest.starts_with("columns_") {
+        (
+            sub_table(table, "columns")?,
+            rest["columns_".len()..].to_string(),
+        )
+    } else {
+        (table, rest.to_string())
+    };
+    table.insert(leaf, toml::Value::String(value));
+    Ok(())
+}
+
+fn sub_table<'a>(t: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, ConfigError> {
+    t.entry(name.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+        .as_table_mut()
+        .ok_or_else(|| invalid(format!("`{name}` must be a table")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::route::{Columns, Preset};
+
+    const BASE: &str = r#"
+[source]
+dsn = "postgres://u@127.0.0.1:5432/app"
+[sink.kafka]
+"bootstrap.servers" = "127.0.0.1:9092"
+"#;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn recovery_window_takes_seconds_or_durations_and_is_bounded() {
+        let base = "[source]\ndsn = \"postgres://u@h/db\"\n";
+        let kafka = "[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n";
+        let with = |w: &str| {
+            Config::from_toml_and_env(
+                &format!("{base}recovery_window = {w}\n{kafka}"),
+                Vec::<(String, String)>::new(),
+            )
+        };
+        assert_eq!(
+            with("90").unwrap().source.recovery_window,
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            with("\"10m\"").unwrap().source.recovery_window,
+            Duration::from_secs(600)
+        );
+        let e = with("\"2y\"").unwrap_err().to_string();
+        assert!(e.contains("over a year"), "{e}");
+        let e = with("\"soon\"").unwrap_err().to_string();
+        assert!(e.contains("10m"), "{e}");
+    }
+
+    #[test]
+    fn unix_socket_dsn_is_refused_with_the_fix() {
+        let e = Config::from_toml_and_env(
+            &BASE.replace(
+                "postgres://u@127.0.0.1:5432/app",
+                "host=/run/postgresql dbname=app",
+            ),
+            vec![],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("host=127.0.0.1"), "{e}");
+    }
+
+    #[test]
+    fn defaults() {
+        let c = Config::from_toml_and_env(BASE, vec![]).unwrap();
+        assert_eq!(c.source.slot, "outboxd");
+        assert_eq!(c.source.publication, "outbox_pub");
+        assert_eq!(c.sink.topic, "outbox.event.{aggregate_type}");
+        assert_eq!(c.table_name(), ("public".into(), "outbox".into()));
+        assert!(c.source.create_slot);
+    }
+
+    #[test]
+    fn env_overrides_every_section() {
+        let c = Config::from_toml_and_env(
+            BASE,
+            env(&[
+                ("OUTBOXD_SOURCE_SLOT", "s2"),
+                ("OUTBOXD_SOURCE_CREATE_SLOT", "false"),
+                ("OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS", "h:1"),
+                ("OUTBOXD_SINK_KAFKA_COMPRESSION_TYPE", "zstd"),
+                ("OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS", "7"),
+                ("OUTBOXD_SOURCE_COLUMNS_PRESET", "debezium"),
+                ("OUTBOXD_HEARTBEAT_INTERVAL_MS", "0"),
+                ("OUTBOXD_POLICY_ON_POISON", "halt"),
+                ("HOME", "/root"),
+                ("OUTBOXD_CONFIG", "/etc/outboxd.toml"),
+                ("OUTBOXD_FAILPOINTS", "produced@3"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.source.slot, "s2");
+        assert!(!c.source.create_slot);
+        assert_eq!(c.sink.kafka["bootstrap.servers"], "h:1");
+        assert_eq!(c.sink.kafka["compression.type"], "zstd");
+        assert_eq!(c.relay.max_in_flight_events, 7);
+        assert_eq!(c.source.columns.preset, Preset::Debezium);
+        assert_eq!(c.heartbeat.interval_ms, 0);
+        assert_eq!(c.policy.on_poison, crate::poison::policy::OnPoison::Halt);
+    }
+
+    #[test]
+    fn debezium_preset_reads_debezium_columns() {
+        let n = Columns {
+            preset: Preset::Debezium,
+            ..Columns::default()
+        }
+        .resolve()
+        .unwrap();
+        assert_eq!(n.event_id, "id");
+        assert_eq!(n.aggregate_type, "aggregatetype");
+        assert_eq!(n.aggregate_id, "aggregateid");
+        assert_eq!(n.event_type, "type");
+        assert_eq!(n.aggregate_version, None);
+    }
+
+    #[test]
+    fn bad_input_names_the_problem() {
+        let e = |t: &str, envs: &[(&str, &str)]| {
+            Config::from_toml_and_env(t, env(envs))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(e("[source]\n", &[]).contains("dsn"));
+        assert!(e(BASE, &[("OUTBOXD_SOURCE_SLOT", "Bad-Slot")]).contains("source.slot"));
+        assert!(e(BASE, &[("OUTBOXD_SINK_KAFKA_ACKS", "1")]).contains("acks=all"));
+        assert!(e(BASE, &[("OUTBOXD_SINK_TOPIC", "x.{nope}")]).contains("{nope}"));
+        assert!(e(BASE, &[("OUTBOXD_NOPE_X", "1")]).contains("unknown section"));
+        assert!(e(&format!("{BASE}\n[relay]\nbogus = 1\n"), &[]).contains("bogus"));
+        assert!(e(BASE, &[("OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS", "lots")]).contains("invalid"));
+        let no_broker = "[source]\ndsn = \"postgres://u@h/db\"\n";
+        assert!(e(no_broker, &[]).contains("bootstrap.servers"));
+    }
+}
+
+#[cfg(test)]
+mod example_tests {
+    /// The annotated example in docs/ must stay a valid config.
+    #[test]
+    fn documented_example_parses() {
+        let text = include_str!("../../../../docs/examples/outboxd.toml");
+        super::Config::from_toml_and_env(text, Vec::<(String, String)>::new()).unwrap();
+    }
+}

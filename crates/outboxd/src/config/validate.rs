@@ -1,0 +1,88 @@
+//! Checks of a parsed configuration that serde cannot express: each error names the setting and
+//! the fix, before anything connects.
+
+use super::{invalid, Config, ConfigError};
+use std::str::FromStr;
+use std::time::Duration;
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.source;
+        let dsn = tokio_postgres::Config::from_str(&s.dsn)
+            .map_err(|e| invalid(format!("source.dsn is not a valid Postgres DSN: {e}")))?;
+        if let Some(tokio_postgres::config::Host::Unix(dir)) = dsn.get_hosts().first() {
+            // The replication client speaks TCP only (and Postgres offers no TLS on sockets).
+            return Err(invalid(format!(
+                "source.dsn connects through the Unix socket in {}: the replication stream needs \
+                 TCP; use host=127.0.0.1 (or the server's address)",
+                dir.display()
+            )));
+        }
+        for (v, key) in [
+            (&s.slot, "source.slot"),
+            (&s.publication, "source.publication"),
+        ] {
+            let ok = !v.is_empty()
+                && v.len() <= 63
+                && v.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                return Err(invalid(format!(
+                    "{key} = {v:?}: use 1-63 characters of a-z, 0-9 and _"
+                )));
+            }
+        }
+        if s.table.split('.').count() > 2 || s.table.is_empty() {
+            return Err(invalid("source.table must be `table` or `schema.table`"));
+        }
+        s.columns.resolve()?;
+        crate::relay::tls::validate(s.tls()).map_err(invalid)?;
+        crate::relay::route::TopicTemplate::parse(&self.sink.topic)?;
+        if !self.sink.kafka.contains_key("bootstrap.servers") {
+            return Err(invalid(
+                "sink.kafka.\"bootstrap.servers\" is required (or env OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS)",
+            ));
+        }
+        crate::relay::kafka::oidc::OidcConfig::from_kafka(&self.sink.kafka).map_err(invalid)?;
+        for (k, v) in [
+            ("enable.idempotence", "false"),
+            ("acks", "0"),
+            ("acks", "1"),
+        ] {
+            if self.sink.kafka.get(k).map(String::as_str) == Some(v) {
+                return Err(invalid(format!(
+                    "sink.kafka.\"{k}\" = \"{v}\" would allow lost or reordered events; outboxd requires enable.idempotence=true and acks=all"
+                )));
+            }
+        }
+        let hb = &self.heartbeat;
+        if hb.interval_ms > 0 && hb.stall_timeout_ms < 2 * hb.interval_ms {
+            return Err(invalid(
+                "heartbeat.stall_timeout_ms must be at least twice heartbeat.interval_ms",
+            ));
+        }
+        if self.relay.repair_interval_ms == 0 {
+            return Err(invalid("relay.repair_interval_ms must be positive"));
+        }
+        if self.relay.max_in_flight_events == 0 || self.relay.max_in_flight_bytes == 0 {
+            return Err(invalid("relay.max_in_flight_* must be positive"));
+        }
+        if let Some(l) = &self.metrics.listen {
+            l.parse::<std::net::SocketAddr>()
+                .map_err(|e| invalid(format!("metrics.listen = {l:?}: {e}")))?;
+        }
+        if s.status_interval_ms == 0 {
+            return Err(invalid("source.status_interval_ms must be positive"));
+        }
+        if s.recovery_window > Duration::from_secs(366 * 86_400) {
+            return Err(invalid(
+                "source.recovery_window is over a year: use at most \"366d\" (it bounds how far \
+                 back a recovery reads the outbox)",
+            ));
+        }
+        if s.state_interval_ms == 0 {
+            return Err(invalid("source.state_interval_ms must be positive"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,365 @@
+//! Observability: the metric names outboxd exports (one list, used by the exporter, the alert
+//! rules, the Grafana dashboard and their tests), process health for `/healthz` and `/readyz`,
+//! and the HTTP listener serving them with `/metrics`.
+//!
+//! Labels stay bounded: `event_type`, `topic`, `class`, `state`, `status` — never `event_id` or
+//! `aggregate_id`.
+
+pub(crate) mod errors;
+pub(crate) mod status_row;
+pub(crate) mod watch;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub const UP: &str = "outboxd_up";
+pub const ROLE_ACTIVE: &str = "outboxd_role_active";
+pub const HALTED: &str = "outboxd_halted";
+pub const SLOT_LAG_BYTES: &str = "outboxd_slot_lag_bytes";
+pub const SLOT_RETAINED_WAL_BYTES: &str = "outboxd_slot_retained_wal_bytes";
+pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outboxd_slot_safe_wal_size_bytes";
+pub const SLOT_WAL_STATUS: &str = "outboxd_slot_wal_status";
+pub const CONFIRMED_LSN: &str = "outboxd_confirmed_lsn";
+pub const PENDING_EVENTS: &str = "outboxd_pending_events";
+pub const PENDING_BYTES: &str = "outboxd_pending_bytes";
+pub const OLDEST_PENDING_AGE: &str = "outboxd_oldest_pending_age_seconds";
+pub const PUBLISHED: &str = "outboxd_events_published_total";
+pub const PUBLISH_ERRORS: &str = "outboxd_publish_errors_total";
+pub const PRODUCE_RETRIES: &str = "outboxd_produce_retries_total";
+pub const SESSION_RESTARTS: &str = "outboxd_session_restarts_total";
+pub const COMMIT_TO_ACK: &str = "outboxd_commit_to_ack_seconds";
+pub const HEARTBEAT_AGE: &str = "outboxd_heartbeat_age_seconds";
+pub const HEARTBEAT_DELAY: &str = "outboxd_heartbeat_delay_seconds";
+pub const IGNORED_CHANGES: &str = "outboxd_ignored_changes_total";
+pub const RETRY_BACKOFF: &str = "outboxd_retry_backoff_seconds";
+pub const PARKED: &str = "outboxd_parked_events";
+pub const PARKED_OLDEST_AGE: &str = "outboxd_parked_oldest_age_seconds";
+pub const POISON: &str = "outboxd_poison_events_total";
+pub const BLOCKED: &str = "outboxd_blocked_events_total";
+pub const SLOT_LOSSES: &str = "outboxd_slot_losses_total";
+pub const RECOVERIES: &str = "outboxd_recoveries_total";
+pub const RECOVERED_EVENTS: &str = "outboxd_recovered_events_total";
+pub const BROKER_ERRORS: &str = "outboxd_broker_errors_total";
+
+/// Every metric outboxd exports, with its help text.
+pub const METRICS: &[(&str, &str)] = &[
+    (
+        SLOT_LOSSES,
+        "replication slot losses detected, per reason (missing, invalidated, new_system, interrupted, manual)",
+    ),
+    (
+        RECOVERIES,
+        "recoveries that republished a lost slot's gap from the outbox table and finished, per reason",
+    ),
+    (
+        RECOVERED_EVENTS,
+        "events republished from the outbox table by recoveries",
+    ),
+    (UP, "1 while the process runs"),
+    (
+        ROLE_ACTIVE,
+        "1 when this instance holds the slot and streams, 0 when standing by",
+    ),
+    (
+        HALTED,
+        "1 while halted at an event under on_poison = \"halt\"",
+    ),
+    (
+        SLOT_LAG_BYTES,
+        "pg_current_wal_lsn() - confirmed_flush_lsn of the slot",
+    ),
+    (
+        SLOT_RETAINED_WAL_BYTES,
+        "pg_current_wal_lsn() - restart_lsn: WAL the slot keeps on disk",
+    ),
+    (
+        SLOT_SAFE_WAL_SIZE_BYTES,
+        "bytes that can still be written before the slot is in danger (max_slot_wal_keep_size)",
+    ),
+    (
+        SLOT_WAL_STATUS,
+        "1 for the slot's current wal_status (reserved, extended, unreserved, lost)",
+    ),
+    (CONFIRMED_LSN, "the LSN last confirmed to Postgres"),
+    (PENDING_EVENTS, "events produced and not yet acknowledged"),
+    (
+        PENDING_BYTES,
+        "bytes of events produced and not yet acknowledged",
+    ),
+    (
+        OLDEST_PENDING_AGE,
+        "seconds since the commit of the oldest unacknowledged event, per event_type (0 when none)",
+    ),
+    (
+        PUBLISHED,
+        "events acknowledged by the broker, per event_type and topic",
+    ),
+    (
+        PUBLISH_ERRORS,
+        "failed deliveries and rejected events, per class and event_type",
+    ),
+    (PRODUCE_RETRIES, "produce requests retried by librdkafka"),
+    (
+        BROKER_ERRORS,
+        "errors on broker connections reported by librdkafka, per class (auth, tls, down, transport, other)",
+    ),
+    (
+        SESSION_RESTARTS,
+        "replication sessions restarted after a transient error, per class",
+    ),
+    (
+        RETRY_BACKOFF,
+        "seconds until the next session attempt after the last failure (0 while streaming)",
+    ),
+    (
+        COMMIT_TO_ACK,
+        "seconds from a transaction's commit to the broker's acknowledgement of all its events",
+    ),
+    (
+        HEARTBEAT_AGE,
+        "seconds since the last heartbeat came back through the replication stream",
+    ),
+    (
+        HEARTBEAT_DELAY,
+        "seconds from emitting the last heartbeat on the source to receiving it",
+    ),
+    (
+        IGNORED_CHANGES,
+        "changes of other tables or kinds (update/delete/truncate) ignored",
+    ),
+    (
+        PARKED,
+        "open parked events, per event_type and state (parked, blocked, retry)",
+    ),
+    (
+        PARKED_OLDEST_AGE,
+        "seconds since the oldest open parked event was first seen, per event_type",
+    ),
+    (
+        POISON,
+        "events that failed deterministically, per event_type and class",
+    ),
+    (
+        BLOCKED,
+        "events held behind a parked event of the same aggregate, per event_type",
+    ),
+];
+
+/// Registers help texts and the unlabelled series, so a scrape shows them from the start.
+pub fn describe() {
+    for (name, help) in METRICS {
+        if name.ends_with("_total") {
+            metrics::describe_counter!(*name, *help);
+        } else if *name == COMMIT_TO_ACK {
+            metrics::describe_histogram!(*name, metrics::Unit::Seconds, *help);
+        } else {
+            metrics::describe_gauge!(*name, *help);
+        }
+    }
+    metrics::gauge!(UP).set(1.0);
+    metrics::gauge!(ROLE_ACTIVE).set(0.0);
+    metrics::gauge!(HALTED).set(0.0);
+    metrics::counter!(PRODUCE_RETRIES).absolute(0);
+    // Present from the start, so the first refusal is an increase the alert sees.
+    for class in ["auth", "tls"] {
+        metrics::counter!(BROKER_ERRORS, "class" => class).absolute(0);
+    }
+}
+
+/// What `/readyz` reports.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Another instance holds the slot (set when the slot was found busy).
+    pub standby: AtomicBool,
+    pub streaming: AtomicBool,
+    pub broker_ok: AtomicBool,
+    pub halted: AtomicBool,
+    /// Set while the broker refuses us (authentication, TLS): what `/readyz` and the status
+    /// row name, until a delivery or token succeeds.
+    issue: Mutex<Option<BrokerIssue>>,
+    has_issue: AtomicBool,
+}
+
+/// Why the broker refuses this relay, and since when.
+#[derive(Debug, Clone)]
+pub struct BrokerIssue {
+    pub class: &'static str,
+    /// Redacted.
+    pub message: String,
+    pub since: std::time::SystemTime,
+}
+
+/// What one relay knows about itself: readiness, error counts, its session count. Whoever runs
+/// the relay creates it and hands it to [`crate::run_observed`] and the HTTP listener
+/// ([`serve`]), so two relays in one process (tests run several) each keep their own.
+#[derive(Debug, Default)]
+pub struct Observed {
+    pub health: Health,
+    pub errors: errors::Counts,
+    /// Producer sessions started: a delivery after a restart is a later attempt (R25).
+    pub sessions: std::sync::atomic::AtomicU64,
+}
+
+impl Health {
+    /// Records that the broker refuses us for `class` (redacted `message`). Keeps the first
+    /// `since` of an ongoing issue of the same class.
+    pub fn broker_issue(&self, class: &'static str, message: String) {
+        if let Ok(mut i) = self.issue.lock() {
+            let since = match &*i {
+                Some(old) if old.class == class => old.since,
+                _ => std::time::SystemTime::now(),
+            };
+            *i = Some(BrokerIssue {
+                class,
+                message,
+                since,
+            });
+            self.has_issue.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Ends an issue of `class` (e.g. a token was obtained again).
+    pub fn clear_broker_issue(&self, class: &str) {
+        if let Ok(mut i) = self.issue.lock() {
+            if i.as_ref().is_some_and(|x| x.class == class) {
+                *i = None;
+                self.has_issue.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A delivery succeeded: whatever refused us before has healed. Cheap on the hot path.
+    pub fn broker_ok_again(&self) {
+        if self.has_issue.load(Ordering::Relaxed) {
+            if let Ok(mut i) = self.issue.lock() {
+                *i = None;
+                self.has_issue.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub fn broker_issue_now(&self) -> Option<BrokerIssue> {
+        if !self.has_issue.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.issue.lock().ok().and_then(|i| i.clone())
+    }
+
+    /// `None` when ready, else the reason.
+    pub fn not_ready(&self) -> Option<String> {
+        if let Some(i) = self.broker_issue_now() {
+            if !self.standby.load(Ordering::Relaxed) {
+                let secs = i.since.elapsed().map(|d| d.as_secs()).unwrap_or(0);
+                return Some(format!(
+                    "the broker refuses this relay ({}) for {secs} s: {}",
+                    i.class, i.message
+                ));
+            }
+        }
+        self.not_ready_plain().map(str::to_string)
+    }
+
+    fn not_ready_plain(&self) -> Option<&'static str> {
+        if self.halted.load(Ordering::Relaxed) {
+            Some("halted at a poison event")
+        } else if self.standby.load(Ordering::Relaxed) {
+            Some("standby: another instance holds the slot")
+        } else if !self.streaming.load(Ordering::Relaxed) {
+            Some("replication not streaming (starting or reconnecting)")
+        } else if !self.broker_ok.load(Ordering::Relaxed) {
+            Some("broker unreachable")
+        } else {
+            None
+        }
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until the process ends.
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    prom: PrometheusHandle,
+    observed: Arc<Observed>,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (prom, observed) = (prom.clone(), observed.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let (prom, observed) = (prom.clone(), observed.clone());
+                    async move {
+                        Ok::<_, std::convert::Infallible>(route(&req, &prom, &observed.health))
+                    }
+                });
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await;
+            });
+        }
+    });
+    Ok(())
+}
+
+fn route(
+    req: &Request<hyper::body::Incoming>,
+    prom: &PrometheusHandle,
+    health: &Health,
+) -> Response<Full<Bytes>> {
+    let (status, body) = match req.uri().path() {
+        "/metrics" => (StatusCode::OK, prom.render()),
+        "/healthz" => (StatusCode::OK, "ok\n".to_string()),
+        "/readyz" => match health.not_ready() {
+            None => (StatusCode::OK, "ready\n".to_string()),
+            Some(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        },
+        _ => (StatusCode::NOT_FOUND, "not found\n".to_string()),
+    };
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broker_refusal_is_named_until_it_heals() {
+        let h = Health::default();
+        h.streaming.store(true, Ordering::Relaxed);
+        h.broker_ok.store(true, Ordering::Relaxed);
+        assert_eq!(h.not_ready(), None);
+        h.broker_issue("auth", "SASL authentication error".into());
+        let first = h.broker_issue_now().unwrap().since;
+        h.broker_issue("auth", "again".into());
+        assert_eq!(
+            h.broker_issue_now().unwrap().since,
+            first,
+            "keeps when it began"
+        );
+        let why = h.not_ready().unwrap();
+        assert!(
+            why.contains("refuses this relay (auth)") && why.contains("again"),
+            "{why}"
+        );
+        // A standby holds no producer session worth naming.
+        h.standby.store(true, Ordering::Relaxed);
+        assert!(h.not_ready().unwrap().contains("standby"));
+        h.standby.store(false, Ordering::Relaxed);
+        h.clear_broker_issue("tls");
+        assert!(h.broker_issue_now().is_some(), "another class stays");
+        h.broker_ok_again();
+        assert_eq!(h.not_ready(), None);
+    }
+}

@@ -1,0 +1,160 @@
+//! The `outboxd_status` table, one row per slot: what the active relay reports every few
+//! seconds (position, pending events, heartbeats, error counts), what the supervisor records
+//! about a failing session (class, message, attempt, next attempt), and what `outboxd status`
+//! reads back. All of its SQL lives here.
+
+use crate::error::RelayError;
+use serde_json::{json, Value};
+use tokio_postgres::Client;
+
+pub const STATUS_SQL: &str = include_str!("../../../../sql/040_outboxd_status.sql");
+
+/// Creates the table when missing (idempotent).
+pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
+    let exists: bool = sql
+        .query_one(
+            "SELECT to_regclass('public.outboxd_status') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if exists {
+        return Ok(());
+    }
+    sql.batch_execute(STATUS_SQL).await.map_err(|e| {
+        RelayError::Setup(format!(
+            "cannot create outboxd_status ({}): run `outboxd init` as a role that may create tables",
+            RelayError::from(e)
+        ))
+    })
+}
+
+/// What the active relay reports (every few seconds).
+pub struct Report<'a> {
+    pub slot: &'a str,
+    pub instance: &'a str,
+    pub confirmed_lsn: &'a str,
+    pub pending_events: i64,
+    pub pending_bytes: i64,
+    pub oldest_pending_age_s: f64,
+    pub heartbeat_delay_s: Option<f64>,
+    /// Unix seconds.
+    pub last_heartbeat_at_s: Option<f64>,
+    pub errors: &'a Value,
+    pub halted: bool,
+    /// The session proved healthy: the supervisor's failure streak ends.
+    pub healthy: bool,
+    /// The broker refuses us (class, text with its start), retried inside the session.
+    pub issue_class: Option<&'a str>,
+    pub issue_text: Option<&'a str>,
+}
+
+/// Upserts the active relay's report.
+pub async fn report(sql: &Client, r: &Report<'_>) -> Result<(), RelayError> {
+    sql.execute(
+        "INSERT INTO outboxd_status (slot, instance, updated_at, confirmed_lsn, pending_events, \
+                   pending_bytes, oldest_pending_age_s, heartbeat_delay_s, last_heartbeat_at, errors, halted, \
+                   last_error_class, last_error) \
+                 VALUES ($1, $2, now(), $3, $4, $5, $6, $7, to_timestamp($8), $9, $10, $12, $13) \
+                 ON CONFLICT (slot) DO UPDATE SET instance = EXCLUDED.instance, updated_at = now(), \
+                   confirmed_lsn = EXCLUDED.confirmed_lsn, pending_events = EXCLUDED.pending_events, \
+                   pending_bytes = EXCLUDED.pending_bytes, oldest_pending_age_s = EXCLUDED.oldest_pending_age_s, \
+                   heartbeat_delay_s = EXCLUDED.heartbeat_delay_s, last_heartbeat_at = EXCLUDED.last_heartbeat_at, \
+                   errors = EXCLUDED.errors, halted = EXCLUDED.halted, \
+                   last_error_class = COALESCE($12, outboxd_status.last_error_class), \
+                   last_error = COALESCE($13, outboxd_status.last_error), \
+                   attempt = CASE WHEN $11 THEN 0 ELSE outboxd_status.attempt END, \
+                   next_attempt_at = CASE WHEN $11 THEN NULL ELSE outboxd_status.next_attempt_at END",
+        &[
+            &r.slot,
+            &r.instance,
+            &r.confirmed_lsn,
+            &r.pending_events,
+            &r.pending_bytes,
+            &r.oldest_pending_age_s,
+            &r.heartbeat_delay_s,
+            &r.last_heartbeat_at_s,
+            r.errors,
+            &r.halted,
+            &r.healthy,
+            &r.issue_class,
+            &r.issue_text,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A failed session as the supervisor records it, so `outboxd status` shows a relay that is
+/// retrying: its class, the (redacted) message, the attempt number and the next attempt.
+pub struct Failure<'a> {
+    pub slot: &'a str,
+    pub class: &'a str,
+    /// Redacted.
+    pub message: &'a str,
+    pub attempt: u64,
+    pub retry_in: std::time::Duration,
+    pub halted: bool,
+}
+
+/// Upserts a failed session's record.
+pub async fn record_failure(sql: &Client, f: &Failure<'_>) -> Result<(), RelayError> {
+    sql.execute(
+        "INSERT INTO outboxd_status (slot, instance, attempt, last_error_class, last_error, next_attempt_at) \
+         VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6)) \
+         ON CONFLICT (slot) DO UPDATE SET attempt = EXCLUDED.attempt, \
+           last_error_class = EXCLUDED.last_error_class, last_error = EXCLUDED.last_error, \
+           next_attempt_at = EXCLUDED.next_attempt_at, \
+           halted = outboxd_status.halted OR $7",
+        &[
+            &f.slot,
+            &instance(),
+            &(f.attempt as i64),
+            &f.class,
+            &f.message,
+            &f.retry_in.as_secs_f64(),
+            &f.halted,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// `host:pid`, how the row names the process that wrote it.
+pub fn instance() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// The reported row of `slot` as `outboxd status --json` shows it (`None`: no relay reported).
+pub async fn read(sql: &Client, slot: &str) -> Result<Option<Value>, RelayError> {
+    let rep = sql
+        .query_opt(
+            "SELECT instance, extract(epoch FROM now() - updated_at)::float8, confirmed_lsn, \
+                        pending_events, oldest_pending_age_s, heartbeat_delay_s, \
+                        extract(epoch FROM now() - last_heartbeat_at)::float8, errors, halted, \
+                        attempt, last_error_class, last_error, \
+                        greatest(extract(epoch FROM next_attempt_at - now())::float8, 0) \
+                 FROM outboxd_status WHERE slot = $1",
+            &[&slot],
+        )
+        .await?
+        .map(|r| {
+            json!({
+                "instance": r.get::<_, String>(0),
+                "reported_seconds_ago": r.get::<_, Option<f64>>(1),
+                "confirmed_lsn": r.get::<_, Option<String>>(2),
+                "pending_events": r.get::<_, Option<i64>>(3),
+                "oldest_pending_age_seconds": r.get::<_, Option<f64>>(4),
+                "heartbeat_delay_seconds": r.get::<_, Option<f64>>(5),
+                "heartbeat_age_seconds": r.get::<_, Option<f64>>(6),
+                "errors": r.get::<_, Option<Value>>(7),
+                "halted": r.get::<_, bool>(8),
+                "attempt": r.get::<_, Option<i64>>(9),
+                "last_error_class": r.get::<_, Option<String>>(10),
+                "last_error": r.get::<_, Option<String>>(11),
+                "next_attempt_in_seconds": r.get::<_, Option<f64>>(12),
+            })
+        });
+    Ok(rep)
+}

@@ -1,0 +1,318 @@
+//! What a session watches and reports: per-event-type ages and counters, the commit→ack
+//! histogram, heartbeats (emitted on the source, recognised in the stream, used to measure the
+//! source→relay delay and to detect a stalled stream), slot health from SQL, and the status row.
+
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::obs;
+use crate::relay::ack::AckTracker;
+use metrics::{Counter, Gauge, Histogram};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio_postgres::Client;
+
+/// Postgres timestamps count from 2000-01-01; this many µs after the unix epoch.
+pub const PG_EPOCH_US: i64 = 946_684_800_000_000;
+
+/// A session that ran this long counts as healthy: the next failure starts a new streak
+/// (attempt 1, shortest backoff) instead of continuing the old one.
+pub const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// One (event_type, topic) pair and its counter handle (resolved once, incremented per ack).
+pub struct Label {
+    pub event_type: String,
+    pub published: Counter,
+}
+
+impl Label {
+    pub fn new(event_type: &str, topic: &str) -> Self {
+        Self {
+            event_type: event_type.to_string(),
+            published: metrics::counter!(obs::PUBLISHED, "event_type" => event_type.to_string(), "topic" => topic.to_string()),
+        }
+    }
+}
+
+pub struct Watch {
+    pub hb_prefix: String,
+    hb_interval: Option<Duration>,
+    stall_timeout: Duration,
+    next_hb: Instant,
+    pub last_event_at: Instant,
+    pub last_ack_at: Instant,
+    last_hb: Option<(Instant, f64)>,
+    last_hb_wall: Option<i64>,
+    next_slot_poll: Instant,
+    pub commit_to_ack: Histogram,
+    pub ignored: Counter,
+    pending: Gauge,
+    pending_bytes: Gauge,
+    confirmed: Gauge,
+    hb_age: Gauge,
+    hb_delay: Gauge,
+    /// Event types whose age gauge was set, so they return to 0 when nothing is pending.
+    aged: HashSet<String>,
+    parked_seen: HashSet<(String, String)>,
+    oldest_age: f64,
+    started: Instant,
+    /// An acknowledgement moved the slot in this session (the broker path works end to end).
+    pub delivered: bool,
+}
+
+impl Watch {
+    pub fn new(cfg: &Config) -> Self {
+        let now = Instant::now();
+        let hb = cfg.heartbeat.interval_ms;
+        Self {
+            hb_prefix: format!("outboxd.heartbeat.{}", cfg.source.slot),
+            hb_interval: (hb > 0).then(|| Duration::from_millis(hb)),
+            stall_timeout: Duration::from_millis(cfg.heartbeat.stall_timeout_ms),
+            next_hb: now,
+            last_event_at: now,
+            last_ack_at: now,
+            last_hb: None,
+            last_hb_wall: None,
+            next_slot_poll: now,
+            commit_to_ack: metrics::histogram!(obs::COMMIT_TO_ACK),
+            ignored: metrics::counter!(obs::IGNORED_CHANGES),
+            pending: metrics::gauge!(obs::PENDING_EVENTS),
+            pending_bytes: metrics::gauge!(obs::PENDING_BYTES),
+            confirmed: metrics::gauge!(obs::CONFIRMED_LSN),
+            hb_age: metrics::gauge!(obs::HEARTBEAT_AGE),
+            hb_delay: metrics::gauge!(obs::HEARTBEAT_DELAY),
+            aged: HashSet::new(),
+            parked_seen: HashSet::new(),
+            oldest_age: 0.0,
+            started: now,
+            delivered: false,
+        }
+    }
+
+    /// A heartbeat came back through the stream: its content is the emit time (unix µs).
+    pub fn on_heartbeat(&mut self, content: &[u8]) {
+        let sent: Option<i64> = std::str::from_utf8(content)
+            .ok()
+            .and_then(|s| s.parse().ok());
+        let delay = sent
+            .map(|s| (now_us() - s).max(0) as f64 / 1e6)
+            .unwrap_or(0.0);
+        self.last_hb = Some((Instant::now(), delay));
+        self.last_hb_wall = Some(now_us());
+        self.hb_delay.set(delay);
+    }
+
+    pub fn parked_gauges(&mut self, stats: &[(String, String, i64, f64)]) {
+        let mut now_seen = HashSet::new();
+        let mut oldest: HashMap<&str, f64> = HashMap::new();
+        for (event_type, state, count, age) in stats {
+            metrics::gauge!(obs::PARKED, "event_type" => event_type.clone(), "state" => state.clone())
+                .set(*count as f64);
+            let o = oldest.entry(event_type).or_insert(0.0);
+            *o = o.max(*age);
+            now_seen.insert((event_type.clone(), state.clone()));
+        }
+        for (event_type, age) in oldest {
+            metrics::gauge!(obs::PARKED_OLDEST_AGE, "event_type" => event_type.to_string())
+                .set(age);
+        }
+        for (event_type, state) in self.parked_seen.difference(&now_seen) {
+            metrics::gauge!(obs::PARKED, "event_type" => event_type.clone(), "state" => state.clone()).set(0.0);
+            if !now_seen.iter().any(|(t, _)| t == event_type) {
+                metrics::gauge!(obs::PARKED_OLDEST_AGE, "event_type" => event_type.clone())
+                    .set(0.0);
+            }
+        }
+        self.parked_seen = now_seen;
+    }
+}
+
+/// What the watch reads of the session on each tick.
+pub struct View<'a> {
+    pub slot: &'a str,
+    pub sql: &'a Client,
+    pub tracker: &'a AckTracker,
+    pub in_flight_bytes: usize,
+    /// Commit time (unix µs) of the oldest unacknowledged event, per event type.
+    pub oldest: HashMap<String, i64>,
+    pub observed: &'a obs::Observed,
+}
+
+impl Watch {
+    /// Every tick: in-process gauges, readiness, stall detection, heartbeat emission, and (every
+    /// few seconds) slot health and the status row.
+    pub async fn tick(&mut self, v: View<'_>, reading: bool) -> Result<(), RelayError> {
+        let now = Instant::now();
+        self.pending.set(v.tracker.in_flight() as f64);
+        self.pending_bytes.set(v.in_flight_bytes as f64);
+        self.confirmed.set(v.tracker.confirmed() as f64);
+        self.oldest_ages(&v.oldest);
+        if let Some((at, _)) = self.last_hb {
+            self.hb_age.set(at.elapsed().as_secs_f64());
+        }
+        // The broker is unreachable when acks stopped while events wait.
+        let stuck =
+            v.tracker.in_flight() > 0 && self.last_ack_at.elapsed() > Duration::from_secs(15);
+        v.observed.health.broker_ok.store(!stuck, Ordering::Relaxed);
+
+        if let Some(every) = self.hb_interval {
+            if !reading {
+                // Backpressure: we are not reading, so silence proves nothing.
+                self.last_event_at = now;
+            } else if self.last_event_at.elapsed() > self.stall_timeout {
+                // Silence alone is not proof: a server decoding a huge transaction sends nothing
+                // for a long time. Our standby status updates must still be reaching it.
+                let silent = self.last_event_at.elapsed();
+                if self.replies_reach_server(&v).await? {
+                    self.last_event_at = now;
+                } else {
+                    return Err(RelayError::Replication(format!(
+                        "no replication message for {silent:?} and the server has not heard our status                          updates either (heartbeats every {every:?}): the stream is stalled"
+                    )));
+                }
+            }
+            if now >= self.next_hb {
+                self.next_hb = now + every;
+                self.emit_heartbeat(&v, every).await?;
+            }
+        }
+        if now >= self.next_slot_poll {
+            self.next_slot_poll = now + Duration::from_secs(5);
+            self.slot_health(&v).await?;
+            self.write_status(&v).await?;
+        }
+        Ok(())
+    }
+
+    /// Age of the oldest unacknowledged event per event type (0 for types with none pending).
+    fn oldest_ages(&mut self, oldest: &HashMap<String, i64>) {
+        let now = now_us();
+        let mut max_age = 0.0f64;
+        for t in &self.aged {
+            if !oldest.contains_key(t.as_str()) {
+                metrics::gauge!(obs::OLDEST_PENDING_AGE, "event_type" => t.clone()).set(0.0);
+            }
+        }
+        for (t, c) in oldest {
+            let age = (now - c).max(0) as f64 / 1e6;
+            max_age = max_age.max(age);
+            metrics::gauge!(obs::OLDEST_PENDING_AGE, "event_type" => t.to_string()).set(age);
+            self.aged.insert(t.to_string());
+        }
+        self.oldest_age = max_age;
+    }
+
+    /// Does the walsender still receive our standby status updates (its `reply_time`)?
+    async fn replies_reach_server(&self, v: &View<'_>) -> Result<bool, RelayError> {
+        let app = format!("outboxd:{}:{}", v.slot, std::process::id());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&app];
+        let q = v.sql.query_opt(
+            "SELECT extract(epoch FROM now() - reply_time)::float8 FROM pg_stat_replication \
+             WHERE application_name = $1",
+            &params,
+        );
+        let row = match tokio::time::timeout(Duration::from_secs(5), q).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(false),
+        };
+        let limit = self.stall_timeout.as_secs_f64() / 2.0;
+        Ok(row
+            .and_then(|r| r.get::<_, Option<f64>>(0))
+            .is_some_and(|age| age < limit))
+    }
+
+    async fn emit_heartbeat(&mut self, v: &View<'_>, every: Duration) -> Result<(), RelayError> {
+        let stamp = now_us().to_string();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&self.hb_prefix, &stamp];
+        let q = v.sql.query_one(
+            "SELECT pg_logical_emit_message(false, $1, $2)::text",
+            &params,
+        );
+        match tokio::time::timeout(every.max(Duration::from_secs(5)), q).await {
+            Ok(r) => r.map(|_| ()).map_err(RelayError::from),
+            Err(_) => Err(RelayError::Postgres(
+                "heartbeat did not return: the SQL connection is stalled".into(),
+            )),
+        }
+    }
+
+    async fn slot_health(&mut self, v: &View<'_>) -> Result<(), RelayError> {
+        let row = v
+            .sql
+            .query_opt(
+                "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::float8, \
+                        (pg_current_wal_lsn() - restart_lsn)::float8, wal_status, safe_wal_size::float8 \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&v.slot],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(()) };
+        metrics::gauge!(obs::SLOT_LAG_BYTES).set(row.get::<_, Option<f64>>(0).unwrap_or(0.0));
+        metrics::gauge!(obs::SLOT_RETAINED_WAL_BYTES)
+            .set(row.get::<_, Option<f64>>(1).unwrap_or(0.0));
+        if let Some(safe) = row.get::<_, Option<f64>>(3) {
+            metrics::gauge!(obs::SLOT_SAFE_WAL_SIZE_BYTES).set(safe);
+        }
+        let status: Option<String> = row.get(2);
+        for s in ["reserved", "extended", "unreserved", "lost"] {
+            let v = if status.as_deref() == Some(s) {
+                1.0
+            } else {
+                0.0
+            };
+            metrics::gauge!(obs::SLOT_WAL_STATUS, "status" => s).set(v);
+        }
+        Ok(())
+    }
+
+    async fn write_status(&mut self, v: &View<'_>) -> Result<(), RelayError> {
+        let instance = crate::obs::status_row::instance();
+        let errors = serde_json::to_value(v.observed.errors.snapshot()).unwrap_or_default();
+        let hb_delay = self.last_hb.map(|(_, d)| d);
+        let hb_at = self.last_hb_wall.map(|us| us as f64 / 1e6);
+        // The failure streak the supervisor recorded ends only when this session proves healthy
+        // (an ack moved the slot, or it outlived the supervisor's reset window); until then a
+        // retry that is about to fail again keeps showing the streak and the attempt in
+        // progress. Keepalive confirms do not count: a halted relay may still confirm WAL that
+        // lies before the event it halts at.
+        let healthy = self.delivered || self.started.elapsed() > HEALTHY_SESSION;
+        // The broker refusing us (authentication, TLS) is retried by librdkafka within the
+        // session, so the supervisor never records it: the status row shows it from here.
+        let issue = v.observed.health.broker_issue_now();
+        let issue_text = issue.as_ref().map(|i| {
+            let since = chrono::DateTime::<chrono::Utc>::from(i.since);
+            format!(
+                "since {}: {}",
+                since.format("%Y-%m-%dT%H:%M:%SZ"),
+                i.message
+            )
+        });
+        crate::obs::status_row::report(
+            v.sql,
+            &crate::obs::status_row::Report {
+                slot: v.slot,
+                instance: &instance,
+                confirmed_lsn: &crate::relay::lsn::fmt_lsn(v.tracker.confirmed()),
+                pending_events: v.tracker.in_flight() as i64,
+                pending_bytes: v.in_flight_bytes as i64,
+                oldest_pending_age_s: self.oldest_age,
+                heartbeat_delay_s: hb_delay,
+                last_heartbeat_at_s: hb_at,
+                errors: &errors,
+                halted: v.observed.health.halted.load(Ordering::Relaxed),
+                healthy,
+                issue_class: issue.as_ref().map(|i| i.class),
+                issue_text: issue_text.as_deref(),
+            },
+        )
+        .await?;
+        Ok(())
+    }
+}

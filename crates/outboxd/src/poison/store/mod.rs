@@ -1,0 +1,227 @@
+//! The `outbox_parked` table: durable parking of poison events, the release of parked and
+//! blocked events after an operator's repair, and the operator commands behind
+//! `outboxd parked list|show|retry|discard` (R16, R28).
+//!
+//! Every write here commits before the relay treats the event as resolved, so the slot's
+//! confirmed LSN never passes an event that is neither acknowledged by the broker nor parked.
+//! Parking is idempotent per (slot, event_id): a replay after a crash bumps `attempts` and
+//! `last_seen` and never creates a second row or reopens a resolved one.
+
+pub(crate) mod operator;
+
+use crate::error::RelayError;
+use std::collections::HashMap;
+use tokio_postgres::Client;
+
+pub const PARKED_SQL: &str = include_str!("../../../../../sql/030_outbox_parked.sql");
+
+pub use super::record::ParkedRecord;
+
+/// How the event is parked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkState {
+    /// It failed deterministically itself.
+    Parked,
+    /// It waits behind a parked event of the same aggregate.
+    Blocked,
+}
+
+/// Creates the parking tables (and the audit's) when missing (idempotent).
+pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
+    let exists: bool = sql
+        .query_one(
+            "SELECT to_regclass('public.outbox_parked') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get(0);
+    if exists {
+        return Ok(());
+    }
+    sql.batch_execute(PARKED_SQL).await.map_err(|e| {
+        RelayError::Setup(format!(
+            "cannot create outbox_parked ({}): run `outboxd init` as a role that may create tables",
+            RelayError::from(e)
+        ))
+    })
+}
+
+/// Parks one event and commits. Returns the row's state afterwards (a replayed event that an
+/// operator already resolved stays resolved).
+#[allow(clippy::too_many_arguments)]
+pub async fn park(
+    sql: &Client,
+    slot: &str,
+    rec: &ParkedRecord,
+    state: ParkState,
+    blocks_aggregate: bool,
+    blocked_by: Option<&str>,
+    class: &str,
+    message: &str,
+) -> Result<String, RelayError> {
+    let headers = serde_json::to_value(&rec.headers).unwrap_or(serde_json::Value::Null);
+    let state = match state {
+        ParkState::Parked => "parked",
+        ParkState::Blocked => "blocked",
+    };
+    let row = sql
+        .query_one(
+            "INSERT INTO outbox_parked (slot, event_id, aggregate_type, aggregate_id, aggregate_version, \
+               event_type, topic, record_key, payload, headers, record_ts_ms, state, blocks_aggregate, \
+               blocked_by, error_class, error_message) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             ON CONFLICT (slot, event_id) DO UPDATE SET attempts = outbox_parked.attempts + 1, \
+               last_seen = now() \
+             RETURNING state",
+            &[
+                &slot,
+                &rec.event_id,
+                &rec.aggregate_type,
+                &rec.aggregate_id,
+                &rec.aggregate_version,
+                &rec.event_type,
+                &rec.topic,
+                &rec.key,
+                &rec.payload,
+                &headers,
+                &rec.timestamp_ms,
+                &state,
+                &blocks_aggregate,
+                &blocked_by,
+                &class,
+                &message,
+            ],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Aggregates that hold their later events: aggregate_type → aggregate_id → head event_id.
+pub type Blocked = HashMap<String, HashMap<String, String>>;
+
+pub async fn blocked_aggregates(sql: &Client, slot: &str) -> Result<Blocked, RelayError> {
+    let rows = sql
+        .query(
+            "SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id \
+             FROM outbox_parked WHERE slot = $1 AND blocks_aggregate \
+               AND state IN ('parked', 'blocked', 'retry') \
+               AND aggregate_type IS NOT NULL AND aggregate_id IS NOT NULL \
+             ORDER BY aggregate_type, aggregate_id, id",
+            &[&slot],
+        )
+        .await?;
+    let mut b = Blocked::new();
+    for r in rows {
+        b.entry(r.get(0)).or_default().insert(r.get(1), r.get(2));
+    }
+    Ok(b)
+}
+
+/// A parked row ready to be published.
+#[derive(Debug, Clone)]
+pub struct Release {
+    pub id: i64,
+    pub record: ParkedRecord,
+}
+
+/// The oldest row that may be published now: asked to be retried, or blocked behind a head that
+/// is no longer parked. One at a time, in stream order.
+pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, RelayError> {
+    let row = sql
+        .query_opt(
+            "SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic, \
+                    record_key, payload, headers, record_ts_ms \
+             FROM outbox_parked p \
+             WHERE slot = $1 AND state IN ('retry', 'blocked') AND topic IS NOT NULL \
+               AND NOT EXISTS (SELECT 1 FROM outbox_parked h \
+                   WHERE h.slot = p.slot AND h.id < p.id AND h.state = 'parked' AND h.blocks_aggregate \
+                     AND h.aggregate_type IS NOT DISTINCT FROM p.aggregate_type \
+                     AND h.aggregate_id IS NOT DISTINCT FROM p.aggregate_id) \
+             ORDER BY id LIMIT 1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| {
+        let headers: Option<serde_json::Value> = r.get(9);
+        Release {
+            id: r.get(0),
+            record: ParkedRecord {
+                event_id: r.get(1),
+                aggregate_type: r.get(2),
+                aggregate_id: r.get(3),
+                aggregate_version: r.get(4),
+                event_type: r.get(5),
+                topic: r.get(6),
+                key: r.get(7),
+                payload: r.get(8),
+                headers: headers
+                    .and_then(|h| serde_json::from_value(h).ok())
+                    .unwrap_or_default(),
+                timestamp_ms: r.get(10),
+            },
+        }
+    }))
+}
+
+/// The broker acknowledged a released row.
+pub async fn mark_delivered(sql: &Client, id: i64) -> Result<(), RelayError> {
+    sql.execute(
+        "UPDATE outbox_parked SET state = 'delivered', resolved_at = now(), last_seen = now() WHERE id = $1",
+        &[&id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A released row failed deterministically again: it becomes (or stays) a parked head.
+pub async fn mark_failed(
+    sql: &Client,
+    id: i64,
+    class: &str,
+    message: &str,
+) -> Result<(), RelayError> {
+    sql.execute(
+        "UPDATE outbox_parked SET state = 'parked', attempts = attempts + 1, last_seen = now(), \
+           error_class = $2, error_message = $3 WHERE id = $1",
+        &[&id, &class, &message],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Does the aggregate still hold later events?
+pub async fn still_blocked(
+    sql: &Client,
+    slot: &str,
+    aggregate_type: &str,
+    aggregate_id: &str,
+) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM outbox_parked WHERE slot = $1 AND aggregate_type = $2 \
+               AND aggregate_id = $3 AND blocks_aggregate AND state IN ('parked', 'blocked', 'retry'))",
+            &[&slot, &aggregate_type, &aggregate_id],
+        )
+        .await?
+        .get(0))
+}
+
+/// Open parked events per (event_type, state): count and age of the oldest, for metrics/status.
+pub async fn open_stats(
+    sql: &Client,
+    slot: &str,
+) -> Result<Vec<(String, String, i64, f64)>, RelayError> {
+    let rows = sql
+        .query(
+            "SELECT coalesce(event_type, '?'), state, count(*), \
+                    extract(epoch FROM now() - min(first_seen))::float8 \
+             FROM outbox_parked WHERE slot = $1 AND state IN ('parked', 'blocked', 'retry') \
+             GROUP BY 1, 2",
+            &[&slot],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect())
+}

@@ -1,0 +1,184 @@
+//! The operator's side of `outbox_parked` (`outboxd parked …`): list and show parked events
+//! with their audit trail, and request a retry or a discard — each change in one transaction
+//! with its audit row. The running relay picks the requests up (see the parent module).
+
+use crate::error::RelayError;
+use tokio_postgres::Client;
+
+/// One row of `outboxd parked list`.
+pub struct Listed {
+    pub event_id: String,
+    pub state: String,
+    pub event_type: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub aggregate_version: Option<i64>,
+    pub error_class: String,
+    pub attempts: i32,
+    pub first_seen: String,
+    pub error_message: String,
+}
+
+/// Open parked events (`all`: resolved ones too), oldest first.
+pub async fn list(sql: &Client, slot: &str, all: bool) -> Result<Vec<Listed>, RelayError> {
+    let rows = sql
+        .query(
+            "SELECT event_id, state, coalesce(event_type, ''), coalesce(aggregate_type, ''), \
+                    coalesce(aggregate_id, ''), aggregate_version, error_class, attempts, \
+                    to_char(first_seen, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'), error_message \
+             FROM outbox_parked WHERE slot = $1 \
+               AND ($2 OR state IN ('parked', 'blocked', 'retry')) ORDER BY id",
+            &[&slot, &all],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| Listed {
+            event_id: r.get(0),
+            state: r.get(1),
+            event_type: r.get(2),
+            aggregate_type: r.get(3),
+            aggregate_id: r.get(4),
+            aggregate_version: r.get(5),
+            error_class: r.get(6),
+            attempts: r.get(7),
+            first_seen: r.get(8),
+            error_message: r.get(9),
+        })
+        .collect())
+}
+
+/// One parked event in full, for `outboxd parked show`.
+pub struct Detail {
+    pub state: String,
+    pub event_type: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub aggregate_version: Option<i64>,
+    pub topic: Option<String>,
+    pub error_class: String,
+    pub error_message: String,
+    pub attempts: i32,
+    pub first_seen: String,
+    pub last_seen: String,
+    pub blocked_by: Option<String>,
+    pub payload: Option<String>,
+    pub headers: Option<String>,
+    /// (when, action, operator, reason), oldest first.
+    pub audit: Vec<(String, String, String, String)>,
+}
+
+pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Detail>, RelayError> {
+    let Some(r) = sql
+        .query_opt(
+            "SELECT state, event_type, aggregate_type, aggregate_id, aggregate_version, topic, \
+                    error_class, error_message, attempts, first_seen::text, last_seen::text, \
+                    blocked_by, convert_from(payload, 'UTF8'), headers::text \
+             FROM outbox_parked WHERE slot = $1 AND event_id = $2",
+            &[&slot, &event_id],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let audit = sql
+        .query(
+            "SELECT at::text, action, operator, reason FROM outbox_parked_audit \
+             WHERE slot = $1 AND event_id = $2 ORDER BY id",
+            &[&slot, &event_id],
+        )
+        .await?
+        .iter()
+        .map(|a| (a.get(0), a.get(1), a.get(2), a.get(3)))
+        .collect();
+    Ok(Some(Detail {
+        state: r.get(0),
+        event_type: r.get(1),
+        aggregate_type: r.get(2),
+        aggregate_id: r.get(3),
+        aggregate_version: r.get(4),
+        topic: r.get(5),
+        error_class: r.get(6),
+        error_message: r.get(7),
+        attempts: r.get(8),
+        first_seen: r.get(9),
+        last_seen: r.get(10),
+        blocked_by: r.get(11),
+        payload: r.get(12),
+        headers: r.get(13),
+        audit,
+    }))
+}
+
+/// Who asks for a change, and why (the audit row).
+pub struct Request<'a> {
+    pub slot: &'a str,
+    pub event_id: &'a str,
+    pub operator: &'a str,
+    pub reason: &'a str,
+}
+
+/// Marks a parked event for republishing (optionally with a corrected payload, stored as
+/// Postgres renders jsonb). `false`: no such parked event.
+pub async fn request_retry(
+    sql: &mut Client,
+    r: &Request<'_>,
+    payload: Option<&serde_json::Value>,
+) -> Result<bool, RelayError> {
+    let new_payload: Option<Vec<u8>> = match payload {
+        None => None,
+        Some(v) => {
+            let row = sql.query_one("SELECT $1::jsonb::text", &[v]).await?;
+            Some(row.get::<_, String>(0).into_bytes())
+        }
+    };
+    let tx = sql.transaction().await?;
+    let Some(row) = tx
+        .query_opt(
+            "SELECT payload FROM outbox_parked WHERE slot = $1 AND event_id = $2 AND state = 'parked' FOR UPDATE",
+            &[&r.slot, &r.event_id],
+        )
+        .await?
+    else {
+        return Ok(false);
+    };
+    let old: Option<Vec<u8>> = row.get(0);
+    tx.execute(
+        "UPDATE outbox_parked SET state = 'retry', payload = coalesce($3, payload), last_seen = now() \
+         WHERE slot = $1 AND event_id = $2",
+        &[&r.slot, &r.event_id, &new_payload],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO outbox_parked_audit (slot, event_id, action, operator, reason, old_payload, new_payload) \
+         VALUES ($1, $2, 'retry', $3, $4, $5, $6)",
+        &[&r.slot, &r.event_id, &r.operator, &r.reason, &new_payload.as_ref().map(|_| old), &new_payload],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Gives up on a parked event; events held behind it are then released. `false`: no such
+/// parked event.
+pub async fn discard(sql: &mut Client, r: &Request<'_>) -> Result<bool, RelayError> {
+    let tx = sql.transaction().await?;
+    let n = tx
+        .execute(
+            "UPDATE outbox_parked SET state = 'discarded', resolved_at = now() \
+             WHERE slot = $1 AND event_id = $2 AND state = 'parked'",
+            &[&r.slot, &r.event_id],
+        )
+        .await?;
+    if n == 0 {
+        return Ok(false);
+    }
+    tx.execute(
+        "INSERT INTO outbox_parked_audit (slot, event_id, action, operator, reason) \
+         VALUES ($1, $2, 'discard', $3, $4)",
+        &[&r.slot, &r.event_id, &r.operator, &r.reason],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}

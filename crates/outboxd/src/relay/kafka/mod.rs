@@ -1,0 +1,458 @@
+//! Producer: hands records to librdkafka (idempotent, `acks=all`) and reports each broker
+//! verdict back as an [`Ack`] carrying the event's sequence number.
+//!
+//! librdkafka already retries retriable errors with bounded exponential backoff
+//! (`retry.backoff.ms` .. `retry.backoff.max.ms`), keeping the same producer sequence number, so
+//! the broker de-duplicates retries and per-partition order holds. outboxd sets
+//! `message.timeout.ms = 0` (never give up locally) by default: a broker outage stalls delivery
+//! and the slot, it never turns into a failed event. Anything that still fails ends the session,
+//! which restarts from the slot's confirmed LSN and produces the same bytes again.
+
+pub(crate) mod hint;
+pub(crate) mod oidc;
+pub(crate) mod verdict;
+
+pub use verdict::{Ack, Origin, Verdict};
+
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::poison::record::ParkedRecord;
+use crate::relay::ack::Seq;
+use crate::relay::route::Event;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
+};
+use rdkafka::ClientContext;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Copies a failed record out of librdkafka so it can be parked byte for byte.
+fn capture(m: &rdkafka::message::BorrowedMessage<'_>) -> ParkedRecord {
+    let header = |n: &str| {
+        let v = header_str(m, n);
+        (v != "?").then(|| v.to_string())
+    };
+    ParkedRecord {
+        event_id: header_str(m, "event_id").to_string(),
+        aggregate_type: header("aggregate_type"),
+        aggregate_id: header("aggregate_id"),
+        aggregate_version: header("aggregate_version").and_then(|v| v.parse().ok()),
+        event_type: header("event_type"),
+        topic: Some(m.topic().to_string()),
+        key: m.key().map(<[u8]>::to_vec),
+        payload: m.payload().map(<[u8]>::to_vec),
+        headers: m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_string(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        timestamp_ms: m.timestamp().to_millis(),
+    }
+}
+
+/// Routes librdkafka's callbacks: delivery reports to the ack channel, logs to `tracing`.
+pub struct Ctx {
+    acks: mpsc::UnboundedSender<Ack>,
+    /// Which session of this process produced the record: a delivery after a restart is a
+    /// later attempt at the same event (R25).
+    attempt: u64,
+    /// librdkafka repeats configuration values (passwords too) in its errors and logs.
+    redactor: crate::config::secrets::Redactor,
+    /// The newest error librdkafka reported on its own (TLS handshake, authentication, broker
+    /// down), so `check` can name the cause instead of a bare timeout.
+    last_error: std::sync::Mutex<Option<String>>,
+    /// When librdkafka last reported an authentication or TLS refusal (ms since the epoch).
+    refused_at_ms: std::sync::atomic::AtomicU64,
+    /// The relay's health (broker refusals) and error counts.
+    observed: std::sync::Arc<crate::obs::Observed>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+impl ClientContext for Ctx {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
+        let msg = self.redactor.scrub(msg);
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => tracing::error!(target: "librdkafka", fac, "{msg}"),
+            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", fac, "{msg}"),
+            _ => tracing::debug!(target: "librdkafka", fac, "{msg}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        let code = error.rdkafka_error_code();
+        let reason = self.redactor.scrub(reason);
+        let error = self.redactor.scrub(&error.to_string());
+        let class = broker_error_class(code);
+        tracing::warn!(target: "librdkafka", error = %error, class, "{reason}");
+        metrics::counter!(crate::obs::BROKER_ERRORS, "class" => class).increment(1);
+        self.observed.errors.broker(class);
+        if matches!(class, "auth" | "tls") {
+            self.refused_at_ms
+                .store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+            // Shown by /readyz and `outboxd status` until a delivery succeeds again.
+            self.observed
+                .health
+                .broker_issue(class, crate::relay::kafka::hint::with_hint(&reason));
+        }
+        // "All brokers are down" follows the error that says why: keep the why.
+        if code != Some(RDKafkaErrorCode::AllBrokersDown) {
+            if let Ok(mut last) = self.last_error.lock() {
+                *last = Some(format!("{error}: {reason}"));
+            }
+        }
+        if code == Some(RDKafkaErrorCode::AllBrokersDown) {
+            self.observed
+                .health
+                .broker_ok
+                .store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn stats(&self, s: rdkafka::Statistics) {
+        let retries: u64 = s.brokers.values().map(|b| b.txretries).sum();
+        metrics::counter!(crate::obs::PRODUCE_RETRIES).absolute(retries);
+        // An idle relay delivers nothing that would clear a healed refusal: a broker connection
+        // up with no refusal for two statistics intervals (10 s) clears it too.
+        let quiet = now_ms().saturating_sub(
+            self.refused_at_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+        ) > 10_000;
+        if quiet && s.brokers.values().any(|b| b.state == "UP") {
+            self.observed.health.broker_ok_again();
+        }
+    }
+}
+
+/// The class of an error librdkafka reports about its broker connections (bounded metric label):
+/// `auth` (SASL refused: credentials, mechanism), `tls` (handshake, certificate), `down` (all
+/// brokers unreachable), `transport` (one connection failed), `other`.
+///
+/// Each is transient for a running relay: librdkafka keeps reconnecting with backoff and the
+/// events wait (credentials get rotated, certificates renewed).
+pub fn broker_error_class(code: Option<RDKafkaErrorCode>) -> &'static str {
+    use RDKafkaErrorCode as C;
+    match code {
+        Some(C::Authentication | C::SaslAuthenticationFailed | C::UnsupportedSASLMechanism) => {
+            "auth"
+        }
+        Some(C::SSL) => "tls",
+        Some(C::AllBrokersDown) => "down",
+        Some(C::BrokerTransportFailure | C::Resolve | C::OperationTimedOut) => "transport",
+        _ => "other",
+    }
+}
+
+fn header_str<'a>(m: &'a rdkafka::message::BorrowedMessage<'a>, name: &str) -> &'a str {
+    m.headers()
+        .and_then(|h| h.iter().find(|h| h.key == name))
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .unwrap_or("?")
+}
+
+impl ProducerContext for Ctx {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
+        let origin = Origin::from_opaque(opaque);
+        let verdict = match result {
+            Ok(m) => {
+                self.observed.health.broker_ok_again();
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    tracing::debug!(
+                        event_id = header_str(m, "event_id"),
+                        aggregate_id = header_str(m, "aggregate_id"),
+                        aggregate_version = header_str(m, "aggregate_version"),
+                        event_type = header_str(m, "event_type"),
+                        attempt = self.attempt,
+                        topic = m.topic(),
+                        partition = m.partition(),
+                        offset = m.offset(),
+                        "delivered"
+                    );
+                }
+                Verdict::Delivered
+            }
+            Err((e, m)) => {
+                let message = self.redactor.scrub(&e.to_string());
+                let verdict = verdict::classify(
+                    e.rdkafka_error_code(),
+                    header_str(m, "event_id").to_string(),
+                    message.clone(),
+                    || capture(m),
+                );
+                tracing::warn!(
+                    event_id = header_str(m, "event_id"),
+                    aggregate_id = header_str(m, "aggregate_id"),
+                    aggregate_version = header_str(m, "aggregate_version"),
+                    event_type = header_str(m, "event_type"),
+                    attempt = self.attempt,
+                    topic = m.topic(),
+                    code = ?e.rdkafka_error_code(),
+                    deterministic = matches!(verdict, Verdict::Rejected { .. }),
+                    "delivery failed: {message}"
+                );
+                verdict
+            }
+        };
+        let _ = self.acks.send(Ack { origin, verdict });
+    }
+}
+
+/// The librdkafka properties outboxd insists on or defaults, merged with the user's.
+pub fn client_config(cfg: &Config) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    // Defaults the user may override:
+    cc.set("linger.ms", "5")
+        .set("message.timeout.ms", "0")
+        .set("retry.backoff.ms", "100")
+        .set("retry.backoff.max.ms", "2000")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .set("statistics.interval.ms", "5000")
+        .set("client.id", "outboxd");
+    // OpenSSL is built in (vendored): its compiled-in CA directory is not the system's, so
+    // public CAs (Confluent Cloud, MSK) are found by librdkafka's probe of the usual bundle
+    // paths unless the user names a CA.
+    let kafka = &cfg.sink.kafka;
+    let tls = kafka
+        .get("security.protocol")
+        .is_some_and(|p| p.to_ascii_lowercase().contains("ssl"));
+    if tls
+        && !["ssl.ca.location", "ssl.ca.pem", "ssl.ca.certificate.stores"]
+            .iter()
+            .any(|k| kafka.contains_key(*k))
+    {
+        cc.set("ssl.ca.location", "probe");
+    }
+    // With `sasl.oauthbearer.method = "oidc"` outboxd fetches the tokens (crate::relay::kafka::oidc):
+    // librdkafka, built without libcurl, would refuse those properties.
+    let oidc = kafka
+        .get("sasl.oauthbearer.method")
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("oidc"));
+    for (k, v) in kafka {
+        if !(oidc && crate::relay::kafka::oidc::is_oidc_key(k)) {
+            cc.set(k, v);
+        }
+    }
+    // Required for the delivery guarantee (config validation rejects contrary settings):
+    cc.set("enable.idempotence", "true").set("acks", "all");
+    cc.set_log_level(RDKafkaLogLevel::Warning);
+    cc
+}
+
+pub struct Producer {
+    /// Declared first so it is dropped (stopped and joined) before the client it feeds.
+    _oidc: Option<crate::relay::kafka::oidc::Refresher>,
+    inner: ThreadedProducer<Ctx>,
+    headers_cap: usize,
+}
+
+impl Producer {
+    pub fn new(
+        cfg: &Config,
+        observed: std::sync::Arc<crate::obs::Observed>,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let inner: ThreadedProducer<Ctx> = client_config(cfg)
+            .create_with_context(Ctx {
+                acks: tx,
+                attempt: observed
+                    .sessions
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    + 1,
+                observed: observed.clone(),
+                redactor: cfg.redactor.clone(),
+                last_error: std::sync::Mutex::new(None),
+                refused_at_ms: std::sync::atomic::AtomicU64::new(0),
+            })
+            // librdkafka refuses the configuration itself: retrying cannot help.
+            .map_err(|e| {
+                RelayError::Setup(format!(
+                    "[sink.kafka] is not a valid librdkafka configuration: {} — fix that \
+                     property (docs/configuration.md, \"Connecting to production Kafka\")",
+                    cfg.redactor.scrub(&e.to_string())
+                ))
+            })?;
+        let oidc = crate::relay::kafka::oidc::OidcConfig::from_kafka(&cfg.sink.kafka)
+            .map_err(RelayError::Setup)?
+            .map(|o| {
+                // SAFETY: the refresher is a field of the Producer that owns `inner` and is
+                // dropped before it.
+                unsafe {
+                    crate::relay::kafka::oidc::Refresher::start(
+                        o,
+                        inner.client().native_ptr(),
+                        cfg.redactor.clone(),
+                        {
+                            let observed = observed.clone();
+                            move |r| match r {
+                                Ok(()) => observed.health.clear_broker_issue("auth"),
+                                Err(e) => observed.health.broker_issue("auth", e),
+                            }
+                        },
+                    )
+                }
+                .map_err(|e| RelayError::Setup(format!("cannot start the OIDC thread: {e}")))
+            })
+            .transpose()?;
+        Ok((
+            Self {
+                _oidc: oidc,
+                inner,
+                headers_cap: 8,
+            },
+            rx,
+        ))
+    }
+
+    /// Enqueues one stream event. Waits (asynchronously) while librdkafka's local queue is
+    /// full; any other immediate refusal (e.g. larger than `message.max.bytes`) becomes an
+    /// [`Ack`] on the same channel as the broker's verdicts, before this returns.
+    pub async fn send(&self, topic: &str, e: &Event<'_>, seq: Seq) {
+        let mut headers = Some(OwnedHeaders::new_with_capacity(self.headers_cap));
+        // Header JSON was validated by the stage before this call. `Option::take` moves the
+        // list through `insert` without allocating a replacement.
+        let _ = e.for_each_header(|k, v| {
+            headers = headers.take().map(|h| {
+                h.insert(Header {
+                    key: k,
+                    value: Some(v),
+                })
+            });
+        });
+        let headers = headers.unwrap_or_default();
+        let origin = Origin::Stream(seq);
+        let record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, origin.to_opaque())
+            .key(e.aggregate_id.as_bytes())
+            .payload(e.payload)
+            .headers(headers);
+        self.enqueue(record, e.created_at_ms, origin, e.event_id, || {
+            e.parked_record(topic)
+        })
+        .await;
+    }
+
+    /// Enqueues a parked record (parking row `id`) exactly as it was captured; refusals as in
+    /// [`Producer::send`].
+    pub async fn send_parked(&self, r: &ParkedRecord, id: i64) {
+        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+        for (k, v) in &r.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let origin = Origin::Release(id);
+        let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(
+            r.topic.as_deref().unwrap_or(""),
+            origin.to_opaque(),
+        )
+        .headers(headers);
+        if let Some(k) = &r.key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(p) = &r.payload {
+            record = record.payload(p.as_slice());
+        }
+        self.enqueue(record, r.timestamp_ms, origin, &r.event_id, || r.clone())
+            .await;
+    }
+
+    async fn enqueue(
+        &self,
+        mut record: BaseRecord<'_, [u8], [u8], usize>,
+        ts: Option<i64>,
+        origin: Origin,
+        event_id: &str,
+        parked: impl FnOnce() -> ParkedRecord,
+    ) {
+        if let Some(ts) = ts {
+            record = record.timestamp(ts);
+        }
+        loop {
+            match self.inner.send(record) {
+                Ok(()) => return,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    record = r;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((err, _)) => {
+                    let ctx = self.inner.context();
+                    let verdict = verdict::classify(
+                        err.rdkafka_error_code(),
+                        event_id.to_string(),
+                        ctx.redactor.scrub(&err.to_string()),
+                        parked,
+                    );
+                    let _ = ctx.acks.send(Ack { origin, verdict });
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for outstanding deliveries (their acks arrive on the channel).
+    pub fn flush(&self, timeout: Duration) {
+        let _ = self.inner.flush(timeout);
+    }
+
+    /// Checks broker reachability by fetching metadata.
+    pub fn ping(&self, timeout: Duration) -> Result<(), RelayError> {
+        self.inner
+            .client()
+            .fetch_metadata(None, timeout)
+            .map(|_| ())
+            .map_err(|e| {
+                let ctx = self.inner.context();
+                let cause = ctx.last_error.lock().ok().and_then(|l| l.clone());
+                let msg = match cause {
+                    Some(c) => format!("broker unreachable: {e} ({c})"),
+                    None => format!("broker unreachable: {e}"),
+                };
+                RelayError::Kafka(ctx.redactor.scrub(&msg))
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_errors_are_classed() {
+        use RDKafkaErrorCode as C;
+        for (code, class) in [
+            (C::Authentication, "auth"),
+            (C::SaslAuthenticationFailed, "auth"),
+            (C::UnsupportedSASLMechanism, "auth"),
+            (C::SSL, "tls"),
+            (C::AllBrokersDown, "down"),
+            (C::BrokerTransportFailure, "transport"),
+            (C::MessageSizeTooLarge, "other"),
+        ] {
+            assert_eq!(broker_error_class(Some(code)), class, "{code:?}");
+        }
+        assert_eq!(broker_error_class(None), "other");
+    }
+}

@@ -1,0 +1,29 @@
+//! LSNs as Postgres writes them (`16/B374D848`).
+
+use crate::error::RelayError;
+
+/// `16/B374D848` → u64.
+pub fn parse_lsn(s: &str) -> Result<u64, RelayError> {
+    let bad = || RelayError::Postgres(format!("bad LSN {s:?}"));
+    let (hi, lo) = s.split_once('/').ok_or_else(bad)?;
+    let hi = u64::from_str_radix(hi, 16).map_err(|_| bad())?;
+    let lo = u64::from_str_radix(lo, 16).map_err(|_| bad())?;
+    Ok((hi << 32) | lo)
+}
+
+/// Formats an LSN like Postgres does.
+pub fn fmt_lsn(l: u64) -> String {
+    format!("{:X}/{:X}", l >> 32, l & 0xffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_roundtrip() {
+        assert_eq!(parse_lsn("16/B374D848").unwrap(), 0x16_B374_D848);
+        assert_eq!(fmt_lsn(0x16_B374_D848), "16/B374D848");
+        assert!(parse_lsn("nope").is_err());
+    }
+}

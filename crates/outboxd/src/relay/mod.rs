@@ -1,0 +1,12 @@
+//! One replication session, in data-flow order: source → decoder → router → producer → ack
+//! tracker → confirmer.
+
+pub(crate) mod ack;
+pub(crate) mod kafka;
+pub(crate) mod lsn;
+pub(crate) mod pgoutput;
+pub(crate) mod route;
+pub(crate) mod session;
+pub(crate) mod source;
+pub(crate) mod stages;
+pub(crate) mod tls;

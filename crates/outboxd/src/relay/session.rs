@@ -1,0 +1,320 @@
+//! One replication session: source → decoder → router → producer → ack tracker → confirmer.
+//!
+//! The stages ([`crate::relay::stages`]) run in one task, in stream order, so per-aggregate order on the
+//! topic equals commit order (one producer, idempotent, keyed by `aggregate_id`). Only
+//! acknowledgements flow back, from librdkafka's delivery thread over a channel, and the only
+//! thing the session ever tells Postgres is "acknowledged up to commit LSN X".
+
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::fail;
+use crate::obs::Observed;
+use crate::relay::kafka::Producer;
+use crate::relay::source::{self, fmt_lsn, sql_bounded};
+use crate::relay::stages::Stages;
+use crate::slot::guard::{self as slot_guard, Decision};
+use crate::slot::recovery;
+use crate::slot::state::{self as slot_state, Identity};
+use pgwire_replication::Lsn;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How a session ended without error.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// Shutdown was requested; in-flight events were drained and the last LSN confirmed.
+    Shutdown,
+}
+
+/// What a session is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Stream until shutdown (`outboxd run`).
+    Stream,
+    /// `outboxd recover`: republish outbox rows created since the given time (or, without one,
+    /// whatever gap the slot guard finds), then end without streaming.
+    RecoverOnly(Option<chrono::DateTime<chrono::Utc>>),
+}
+
+/// Runs one session until shutdown (Ok) or an error (transient or definite).
+pub async fn run_session(
+    cfg: &Config,
+    shutdown: &mut watch::Receiver<bool>,
+    observed: &Arc<Observed>,
+) -> Result<SessionEnd, RelayError> {
+    run_session_as(cfg, shutdown, Mode::Stream, observed).await
+}
+
+/// [`run_session`] in the given [`Mode`].
+pub async fn run_session_as(
+    cfg: &Config,
+    shutdown: &mut watch::Receiver<bool>,
+    mode: Mode,
+    observed: &Arc<Observed>,
+) -> Result<SessionEnd, RelayError> {
+    let sql = source::sql_connect(cfg).await?;
+    let (slot, sender_timeout) = source::preflight_opt(cfg, &sql).await?;
+    if let Some(pid) = slot.as_ref().and_then(|s| s.active_pid) {
+        return Err(RelayError::SlotBusy {
+            slot: cfg.source.slot.clone(),
+            pid: pid.to_string(),
+        });
+    }
+    let mut status_interval = Duration::from_millis(cfg.source.status_interval_ms);
+    if !sender_timeout.is_zero() {
+        status_interval = status_interval.min(sender_timeout / 2);
+    }
+    touch_recovery_metrics();
+    sql_bounded(slot_state::ensure_table(&sql)).await?;
+    let identity = sql_bounded(slot_state::identity(&sql)).await?;
+    let state = sql_bounded(slot_state::load(&sql, &cfg.source.slot)).await?;
+    let found = slot_guard::decide(
+        state.as_ref(),
+        slot.as_ref(),
+        &identity,
+        cfg.source.recovery_window,
+    );
+    let decision = match mode {
+        Mode::RecoverOnly(Some(since)) => Decision::Lost(found.manual_loss(slot.is_some(), since)),
+        Mode::RecoverOnly(None) | Mode::Stream => found,
+    };
+    if let (Mode::RecoverOnly(None), Decision::Stream { .. } | Decision::Adopt { .. }) =
+        (mode, &decision)
+    {
+        return Err(RelayError::Setup(format!(
+            "replication slot {:?} is healthy: nothing to recover. To republish rows anyway, \
+             pass --since TIME",
+            cfg.source.slot
+        )));
+    }
+    let mut recovery = None;
+    let start = match decision {
+        Decision::Create | Decision::Adopt { .. } => {
+            let start = match decision {
+                Decision::Adopt { start } => {
+                    tracing::info!(slot = %cfg.source.slot, lsn = %fmt_lsn(start), "recording delivery state for an existing slot");
+                    start
+                }
+                _ if cfg.source.create_slot && mode == Mode::Stream => {
+                    // The first start publishes nothing already in the table (a previous relay
+                    // may have); `outboxd recover --since T` does, on request.
+                    sql_bounded(source::create_slot_sql(cfg, &sql))
+                        .await?
+                        .confirmed_flush
+                }
+                _ => {
+                    return Err(RelayError::Setup(format!(
+                        "replication slot {:?} does not exist: run `outboxd init --config FILE` \
+                         or set source.create_slot = true",
+                        cfg.source.slot
+                    )))
+                }
+            };
+            let reset = slot_state::reset(&sql, &cfg.source.slot, &identity, start, None);
+            sql_bounded(reset).await?;
+            start
+        }
+        Decision::Stream { start, notes } => {
+            for n in notes {
+                tracing::warn!(slot = %cfg.source.slot, "{n}");
+            }
+            start
+        }
+        Decision::Lost(loss) => {
+            let manual = mode != Mode::Stream;
+            let p = recovery::prepare(cfg, &sql, &identity, &loss, manual, status_interval).await?;
+            let start = p.start;
+            recovery = Some(p);
+            start
+        }
+    };
+    let mut st = sql_bounded(Stages::new(cfg, sql, start, observed.clone())).await?;
+    let (producer, mut acks) = Producer::new(cfg, observed.clone())?;
+    let mut repl = match recovery {
+        None => source::start_stream(cfg, start, status_interval).await?,
+        Some(p) => {
+            let Some((gated, start)) =
+                recovery::publish(cfg, p, &mut st, &producer, &mut acks, shutdown).await?
+            else {
+                return Ok(SessionEnd::Shutdown);
+            };
+            if mode != Mode::Stream {
+                return Ok(SessionEnd::Shutdown);
+            }
+            match gated {
+                Some(mut g) => {
+                    g.update_applied_lsn(Lsn(start));
+                    source::begin_stream(&mut g).await?;
+                    g
+                }
+                None => source::start_stream(cfg, start, status_interval).await?,
+            }
+        }
+    };
+    tracing::info!(
+        slot = %cfg.source.slot,
+        publication = %cfg.source.publication,
+        resume_lsn = %fmt_lsn(start),
+        role = "active",
+        "streaming"
+    );
+    metrics::gauge!(crate::obs::ROLE_ACTIVE).set(1.0);
+    metrics::gauge!(crate::obs::RETRY_BACKOFF).set(0.0);
+    let health = &observed.health;
+    health.standby.store(false, Relaxed);
+    health.streaming.store(true, Relaxed);
+    health.broker_ok.store(true, Relaxed);
+    let mut reported = start;
+    let max_events = cfg.relay.max_in_flight_events;
+    let max_bytes = cfg.relay.max_in_flight_bytes;
+    let repair_every = Duration::from_millis(cfg.relay.repair_interval_ms);
+    let mut next_repair = Instant::now();
+    let state_every = Duration::from_millis(cfg.source.state_interval_ms);
+    let mut next_state = Instant::now() + state_every;
+    let mut saved = (start, st.tracker.delivery_mark_us());
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    let result: Result<(), RelayError> = async {
+        // Backpressure with hysteresis: once the in-flight window is full, reading resumes only
+        // when it has drained to half. Resuming at the first free slot would wake the task for
+        // every single ack and read one event at a time (measured: twice the CPU per event).
+        let mut paused = false;
+        loop {
+            let (n, bytes) = (st.tracker.in_flight(), st.in_flight_bytes);
+            if n >= max_events || bytes >= max_bytes {
+                paused = true;
+            } else if paused && n <= max_events / 2 && bytes <= max_bytes / 2 {
+                paused = false;
+            }
+            let room = !paused;
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => return Ok(()),
+                Some(ack) = acks.recv() => st.on_ack(ack, &producer).await?,
+                ev = repl.recv(), if room => match ev? {
+                    Some(ev) => st.on_event(ev, &producer).await?,
+                    None => return Err(RelayError::Replication("stream ended".into())),
+                },
+                _ = tick.tick() => {
+                    sql_bounded(st.obs_tick(room)).await?;
+                    if Instant::now() >= next_state {
+                        next_state = Instant::now() + state_every;
+                        saved = save_state(cfg, &st, &identity, saved).await?;
+                    }
+                    if Instant::now() >= next_repair {
+                        next_repair = Instant::now() + repair_every;
+                        sql_bounded(st.repair_tick(&producer)).await?;
+                    }
+                }
+            }
+            // Drain whatever acks are already waiting before the next event.
+            while let Ok(ack) = acks.try_recv() {
+                st.on_ack(ack, &producer).await?;
+            }
+            let c = st.tracker.confirmed();
+            if c > reported {
+                if std::mem::take(&mut st.advanced_by_ack) {
+                    fail::hit("acked");
+                }
+                repl.update_applied_lsn(Lsn(c));
+                reported = c;
+                if health.halted.swap(false, Relaxed) {
+                    metrics::gauge!(crate::obs::HALTED).set(0.0);
+                }
+            }
+        }
+    }
+    .await;
+
+    // Whatever ended the session, confirm exactly what the broker acknowledged.
+    let deadline = Instant::now() + cfg.shutdown_timeout();
+    if result.is_ok() {
+        // Graceful: stop reading, let in-flight events land.
+        'drain: while st.tracker.in_flight() > 0 && Instant::now() < deadline {
+            producer.flush(Duration::from_millis(100));
+            while let Ok(ack) = acks.try_recv() {
+                if st.on_ack(ack, &producer).await.is_err() {
+                    break 'drain;
+                }
+            }
+        }
+    }
+    let c = st.tracker.confirmed();
+    if c > reported {
+        repl.update_applied_lsn(Lsn(c));
+    }
+    // Bounded: the session may be ending because the connection went silent.
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        save_state(cfg, &st, &identity, saved),
+    )
+    .await;
+    if c > start {
+        // stop() sends no final status: wait until the server has taken our position.
+        let wait_until = Instant::now() + status_interval * 2 + Duration::from_secs(1);
+        while Instant::now() < wait_until {
+            // Bounded: the session may be ending because this very connection went silent.
+            let poll = tokio::time::timeout(
+                Duration::from_secs(1),
+                source::confirmed_flush(cfg, &st.sql),
+            );
+            match poll.await {
+                Ok(Ok(s)) if s >= c => break,
+                Ok(Ok(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+    }
+    repl.stop();
+    drop(repl);
+    health.streaming.store(false, Relaxed);
+    tracing::info!(
+        confirmed_lsn = %fmt_lsn(c),
+        in_flight = st.tracker.in_flight(),
+        ignored_changes = st.ignored,
+        "session ended"
+    );
+    result.map(|()| SessionEnd::Shutdown)
+}
+
+/// Records the acknowledged position and delivery mark when either moved since `saved`.
+async fn save_state(
+    cfg: &Config,
+    st: &Stages,
+    identity: &Identity,
+    saved: (u64, Option<i64>),
+) -> Result<(u64, Option<i64>), RelayError> {
+    let now = (st.tracker.confirmed(), st.tracker.delivery_mark_us());
+    if now.0 <= saved.0 && now.1 <= saved.1 {
+        return Ok(saved);
+    }
+    let mark = now.1.and_then(chrono::DateTime::from_timestamp_micros);
+    sql_bounded(slot_state::advance(
+        &st.sql,
+        &cfg.source.slot,
+        identity,
+        now.0,
+        mark,
+    ))
+    .await?;
+    fail::hit("state_written");
+    Ok(now)
+}
+
+/// Zero series, so rates and alerts on them work before the first loss.
+fn touch_recovery_metrics() {
+    for reason in [
+        "missing",
+        "invalidated",
+        "new_system",
+        "interrupted",
+        "manual",
+    ] {
+        metrics::counter!(crate::obs::SLOT_LOSSES, "reason" => reason).increment(0);
+        metrics::counter!(crate::obs::RECOVERIES, "reason" => reason).increment(0);
+    }
+    metrics::counter!(crate::obs::RECOVERED_EVENTS).increment(0);
+}

@@ -1,0 +1,112 @@
+//! The supervisor: runs one replication session after another. Transient errors end a session
+//! and a new one starts from the slot's confirmed LSN after a bounded, jittered exponential
+//! backoff; definite errors stop the relay; a standby polls at a steady pace.
+
+use crate::config::Config;
+use crate::error::{RelayError, Retry};
+use crate::obs;
+use crate::relay::session;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Runs the relay until `shutdown` turns true (Ok) or a definite error occurs (Err).
+///
+/// Transient errors — Postgres or broker unreachable, the slot held by another instance — end
+/// the session; a new one starts from the slot's confirmed LSN after a bounded, jittered
+/// exponential backoff. Tests run the whole service through this entry point.
+pub async fn run(cfg: Config, shutdown: watch::Receiver<bool>) -> Result<(), RelayError> {
+    run_observed(cfg, shutdown, Arc::new(obs::Observed::default())).await
+}
+
+/// [`run`], reporting into `observed` (which the HTTP listener serves).
+pub async fn run_observed(
+    cfg: Config,
+    mut shutdown: watch::Receiver<bool>,
+    observed: Arc<obs::Observed>,
+) -> Result<(), RelayError> {
+    let max = Duration::from_millis(cfg.relay.max_backoff_ms);
+    let mut backoff = Duration::from_millis(100).min(max);
+    let mut attempt: u64 = 0;
+    loop {
+        if *shutdown.borrow() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let err = match session::run_session(&cfg, &mut shutdown, &observed).await {
+            Ok(session::SessionEnd::Shutdown) => return Ok(()),
+            Err(e) => e,
+        };
+        let policy = err.policy();
+        if policy.retry == Retry::Stop {
+            return Err(err);
+        }
+        observed.errors.restart(policy.class);
+        metrics::gauge!(obs::ROLE_ACTIVE).set(0.0);
+        let health = &observed.health;
+        health
+            .standby
+            .store(policy.retry == Retry::StandBy, Relaxed);
+        health.streaming.store(false, Relaxed);
+        if started.elapsed() > obs::watch::HEALTHY_SESSION {
+            backoff = Duration::from_millis(100).min(max);
+            attempt = 0;
+        }
+        attempt += 1;
+        let wait = match policy.retry {
+            // A standby polls at a steady pace so it can take over quickly.
+            Retry::StandBy => Duration::from_millis(cfg.relay.standby_poll_ms),
+            Retry::Halt => max,
+            Retry::Backoff | Retry::Stop => jitter(backoff),
+        };
+        match policy.retry {
+            Retry::StandBy => {
+                tracing::info!(role = "standby", error = %err, retry_in_ms = wait.as_millis() as u64, "slot busy")
+            }
+            Retry::Halt => {
+                health.halted.store(true, Relaxed);
+                metrics::gauge!(obs::HALTED).set(1.0);
+                tracing::error!(error = %err, retry_in_ms = wait.as_millis() as u64, "HALTED")
+            }
+            Retry::Backoff | Retry::Stop => tracing::warn!(
+                error = %cfg.redactor.scrub(&err.to_string()),
+                class = policy.class,
+                attempt,
+                retry_in_ms = wait.as_millis() as u64,
+                "session failed; restarting from the slot's confirmed LSN"
+            ),
+        }
+        metrics::gauge!(obs::RETRY_BACKOFF).set(wait.as_secs_f64());
+        if policy.retry != Retry::StandBy {
+            // Best effort, bounded: silently nothing when the source itself is unreachable.
+            let failure = obs::status_row::Failure {
+                slot: &cfg.source.slot,
+                class: policy.class,
+                message: &cfg.redactor.scrub(&err.to_string()),
+                attempt,
+                retry_in: wait,
+                halted: policy.retry == Retry::Halt,
+            };
+            let record = async {
+                let sql = crate::relay::source::sql_connect(&cfg).await?;
+                obs::status_row::record_failure(&sql, &failure).await
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(3), record).await;
+        }
+        backoff = (backoff * 2).min(max);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => return Ok(()),
+        }
+    }
+}
+
+/// 50–100 % of `d`, so restarting instances do not retry in lockstep.
+fn jitter(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos())
+        .unwrap_or(0);
+    d.mul_f64(0.5 + f64::from(nanos % 1000) / 2000.0)
+}

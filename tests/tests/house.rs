@@ -1,0 +1,254 @@
+//! House rules of the code (issue 14), checked rather than promised:
+//! - no import cycle between the modules of `crates/outboxd` or `crates/bench`;
+//! - no file of the relay (`crates/outboxd/src/relay`) over 500 lines before its tests;
+//! - the library exposes only what other crates use.
+//!
+//! Modules are files; an edge is a `crate::…` path in a file's code (comments and the
+//! `#[cfg(test)] mod tests` block are skipped). A child module naming its parent is not an edge
+//! (Rust modules see their ancestors); everything else must form a DAG.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// `src/a/b.rs` → `a::b`, `src/a/mod.rs` → `a`, `src/lib.rs` → `` (the crate root).
+fn module_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|l| l == "mod") {
+        parts.pop();
+    }
+    if parts.len() == 1 && (parts[0] == "lib" || parts[0] == "main") {
+        parts.clear();
+    }
+    parts.join("::")
+}
+
+/// The code of a file without comments and without its unit-test module.
+fn code(text: &str) -> String {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every `crate::x::y` path in `code`, `crate::{a::b, c}` groups expanded.
+fn crate_paths(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + 7..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let item: String = item.trim().chars().take_while(|&c| ident(c)).collect();
+                out.push(item);
+            }
+        } else {
+            out.push(rest.chars().take_while(|&c| ident(c)).collect());
+        }
+    }
+    out
+}
+
+/// Module → modules it names, for the crate whose sources are in `src`.
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let modules: BTreeMap<String, PathBuf> = files
+        .iter()
+        .map(|f| (module_of(src, f), f.clone()))
+        .collect();
+    let resolve = |path: &str| -> Option<String> {
+        let segs: Vec<&str> = path.trim_end_matches(':').split("::").collect();
+        (1..=segs.len())
+            .rev()
+            .map(|n| segs[..n].join("::"))
+            .find(|m| modules.contains_key(m))
+    };
+    let mut g = BTreeMap::new();
+    for (m, f) in &modules {
+        let text = std::fs::read_to_string(f).unwrap();
+        let mut to = BTreeSet::new();
+        for p in crate_paths(&code(&text)) {
+            if let Some(t) = resolve(&p) {
+                let ancestor = m.starts_with(&format!("{t}::"));
+                if t != *m && !t.is_empty() && !ancestor {
+                    to.insert(t);
+                }
+            }
+        }
+        g.insert(m.clone(), to);
+    }
+    g
+}
+
+/// Strongly connected components with more than one module (Tarjan).
+fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    struct T<'a> {
+        g: &'a BTreeMap<String, BTreeSet<String>>,
+        idx: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+        let n = t.idx.len();
+        t.idx.insert(v, n);
+        t.low.insert(v, n);
+        t.stack.push(v);
+        t.on.insert(v);
+        for w in &t.g[v] {
+            let w = w.as_str();
+            if !t.idx.contains_key(w) {
+                visit(t, w);
+                let lw = t.low[w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if t.on.contains(w) {
+                let iw = t.idx[w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if t.low[v] == t.idx[v] {
+            let mut comp = Vec::new();
+            while let Some(w) = t.stack.pop() {
+                t.on.remove(w);
+                comp.push(w.to_string());
+                if w == v {
+                    break;
+                }
+            }
+            if comp.len() > 1 {
+                t.out.push(comp);
+            }
+        }
+    }
+    let mut t = T {
+        g,
+        idx: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for v in g.keys() {
+        if !t.idx.contains_key(v.as_str()) {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+#[test]
+fn no_import_cycles() {
+    for krate in ["crates/outboxd/src", "crates/bench/src"] {
+        let g = graph(&root().join(krate));
+        assert!(g.len() > 5, "{krate}: modules not found");
+        let found = cycles(&g);
+        let shown: Vec<String> = found
+            .iter()
+            .map(|c| {
+                let edges: Vec<String> = c
+                    .iter()
+                    .map(|m| {
+                        let to: Vec<&String> = g[m].iter().filter(|t| c.contains(t)).collect();
+                        format!("{m} → {to:?}")
+                    })
+                    .collect();
+                edges.join("; ")
+            })
+            .collect();
+        assert!(found.is_empty(), "{krate} has import cycles: {shown:#?}");
+    }
+}
+
+#[test]
+fn the_cycle_check_sees_a_cycle() {
+    let g: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a"]),
+        ("d", vec!["a"]),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.into_iter().map(String::from).collect()))
+    .collect();
+    assert_eq!(cycles(&g).len(), 1);
+    assert_eq!(
+        crate_paths("use crate::{x::y, z};\nlet a = crate::q::r(1);"),
+        ["x::y", "z", "q::r"]
+    );
+}
+
+#[test]
+fn relay_files_stay_small() {
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/outboxd/src/relay"), &mut files);
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let before_tests = text.split("#[cfg(test)]").next().unwrap_or(&text);
+        let n = before_tests.lines().count();
+        assert!(
+            n <= 500,
+            "{} has {n} lines before its tests: split it by job",
+            f.display()
+        );
+    }
+}
+
+#[test]
+fn the_library_exposes_only_what_other_crates_use() {
+    let lib = std::fs::read_to_string(root().join("crates/outboxd/src/lib.rs")).unwrap();
+    let public: Vec<&str> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';'))
+        .collect();
+    assert_eq!(public, ["cmd", "config", "error", "obs"], "{lib}");
+}
+
+#[test]
+fn no_process_wide_state_in_the_relay() {
+    // Two relays in one process (tests run several) must not share health or counters: state
+    // is created by whoever runs a relay (`obs::Observed`) and passed down. Only the crash
+    // hooks of the `failpoints` feature read the environment once into a static.
+    let mut files = Vec::new();
+    rust_files(&root().join("crates/outboxd/src"), &mut files);
+    for f in files {
+        if f.ends_with("fail.rs") {
+            continue;
+        }
+        let text = code(&std::fs::read_to_string(&f).unwrap());
+        for l in text.lines() {
+            let t = l.trim_start();
+            assert!(
+                !(t.starts_with("static ")
+                    || t.starts_with("pub static ")
+                    || t.contains("OnceLock")),
+                "{}: process-wide state: {l}",
+                f.display()
+            );
+        }
+    }
+}
