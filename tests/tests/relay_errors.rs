@@ -75,6 +75,8 @@ async fn bad_setups_fail_fast_with_the_fix() -> anyhow::Result<()> {
             ],
         );
     }
+    // A definite error of `run` ends with the operator's fix for its class.
+    assert_fails(&["run"], &good, &["fix: do what the message names"]);
     // `init` repairs it, and `check` is happy again.
     let (code, text, _) = outboxd(&["init"], &good);
     assert_eq!(code, 0, "{text}");

@@ -61,6 +61,8 @@ pub struct RunCfg {
     pub relay_env: Vec<(String, String)>,
     /// Environment of the variant relay, on top of `relay_env`.
     pub variant_env: Vec<(String, String)>,
+    /// Relay binary of the variant (default: `relay_bin`).
+    pub variant_bin: Option<PathBuf>,
 }
 
 /// Spawns `cmd` with output to `log`; the child dies with the bench (PR_SET_PDEATHSIG).
@@ -159,13 +161,17 @@ pub fn slot_command(
             let path = w.dir.path().join(format!("{slot}.toml"));
             let sink = w.sink(kind)?;
             std::fs::write(&path, outboxd_toml(w, &sink, slot, topic, cfg.status_ms))?;
+            let bin = match (&cfg.variant_bin, kind) {
+                (Some(b), Contestant::OutboxdVariant) => b,
+                _ => &cfg.relay_bin,
+            };
             let mut c = match cfg.relay_wrapper.split_first() {
                 Some((prog, args)) => {
                     let mut c = Command::new(prog);
-                    c.args(args).arg(&cfg.relay_bin);
+                    c.args(args).arg(bin);
                     c
                 }
-                None => Command::new(&cfg.relay_bin),
+                None => Command::new(bin),
             };
             c.arg("run")
                 .arg("--config")

@@ -57,26 +57,75 @@ pub enum RelayError {
 }
 
 impl RelayError {
-    /// The one place an error is classified: its bounded label and what the supervisor does
-    /// next. Exhaustive on purpose: a new variant does not compile until it is classified here.
-    /// (The fix is in each message: it names the setting or the command.)
+    /// The one place an error is classified: its bounded label, what the supervisor does next,
+    /// and what an operator does about it. Exhaustive on purpose: a new variant does not
+    /// compile until it is classified here. (Messages add the specifics: the setting, the
+    /// command, the gap.)
     pub fn policy(&self) -> Policy {
         use Retry::*;
-        let (class, retry) = match self {
-            Self::Config(_) => ("config", Stop),
-            Self::Setup(_) => ("setup", Stop),
-            Self::Postgres(_) => ("postgres", Backoff),
-            Self::Replication(_) => ("replication", Backoff),
-            Self::SlotBusy { .. } => ("slot_busy", StandBy),
-            Self::Kafka(_) => ("kafka", Backoff),
-            Self::SlotInvalidated(_) => ("slot_invalidated", Backoff),
-            Self::SlotLost(_) => ("slot_lost", Stop),
-            Self::Delivery { .. } => ("delivery", Backoff),
-            Self::Halted { .. } => ("halted", Halt),
-            Self::Decode(_) => ("decode", Stop),
-            Self::Route(_) => ("route", Stop),
+        let (class, retry, fix) = match self {
+            Self::Config(_) => (
+                "config",
+                Stop,
+                "correct the named setting and start again; `outboxd check --config FILE` validates the file without streaming",
+            ),
+            Self::Setup(_) => (
+                "setup",
+                Stop,
+                "do what the message names (usually `outboxd init --config FILE` or a server setting), then start again",
+            ),
+            Self::Postgres(_) => (
+                "postgres",
+                Backoff,
+                "none if Postgres comes back; if it persists, check that the server is reachable and source.dsn's role can log in",
+            ),
+            Self::Replication(_) => (
+                "replication",
+                Backoff,
+                "none if the server comes back; if it persists, check the network to Postgres and wal_sender_timeout",
+            ),
+            Self::SlotBusy { .. } => (
+                "slot_busy",
+                StandBy,
+                "none: another instance streams from the slot; this one takes over when it stops",
+            ),
+            Self::Kafka(_) => (
+                "kafka",
+                Backoff,
+                "check that the brokers are reachable and the [sink.kafka] settings; `outboxd check` names the failing one",
+            ),
+            Self::SlotInvalidated(_) => (
+                "slot_invalidated",
+                Backoff,
+                "none: the next session applies source.on_slot_loss (docs/operations.md, \"Slot loss\")",
+            ),
+            Self::SlotLost(_) => (
+                "slot_lost",
+                Stop,
+                "run the `outboxd recover` command the message names (docs/operations.md, \"Slot loss\")",
+            ),
+            Self::Delivery { .. } => (
+                "delivery",
+                Backoff,
+                "none if the broker recovers; if it persists, check the topic exists and the broker accepts the record",
+            ),
+            Self::Halted { .. } => (
+                "halted",
+                Halt,
+                "repair the event: `outboxd parked list`, then `parked retry` or `parked discard` (docs/operations.md)",
+            ),
+            Self::Decode(_) => (
+                "decode",
+                Stop,
+                "the server sent a message outboxd cannot read: report it with this log line and the Postgres version",
+            ),
+            Self::Route(_) => (
+                "route",
+                Stop,
+                "fix the column mapping ([source.columns]) or the topic template the message names",
+            ),
         };
-        Policy { class, retry }
+        Policy { class, retry, fix }
     }
 
     /// Transient errors restart the session; definite ones stop the relay.
@@ -109,6 +158,8 @@ pub enum Retry {
 pub struct Policy {
     pub class: &'static str,
     pub retry: Retry,
+    /// What an operator does about it, in one line (logs, `outboxd run`'s exit message).
+    pub fix: &'static str,
 }
 
 impl From<crate::relay::tls::TlsError> for RelayError {

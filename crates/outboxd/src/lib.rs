@@ -16,11 +16,14 @@
 //!   - `kafka`: librdkafka (idempotent, `acks=all`), each delivery report classified once into
 //!     an `Ack`; `kafka/oidc`: OAUTHBEARER tokens; `kafka/hint`: the fix for a refusal;
 //!   - `ack`: the tracker turning out-of-order acks into the one LSN safe to confirm;
-//!   - `stages`: what the stages do with one replication event; `session`: one session's loop.
+//!     `in_flight`: the tracker plus bytes, labels and latency of the unacknowledged events;
+//!   - `stages`: dispatches one replication event or Ack to the parts it owns (`InFlight`,
+//!     `poison::handler::PoisonHandler`, `obs::watch::Watch`); `session`: one session's loop.
 //! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
 //!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
 //! - `poison/`: events retrying cannot fix — `policy` (classes, per-type policy), `validate`
-//!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair).
+//!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair),
+//!   `handler` (what a session does with one: park or halt, hold, release in order).
 //! - `obs/`: metric names ([`obs`]), health and the HTTP listener, `watch` (heartbeats, stalls,
 //!   slot health, per-type ages), `errors` (error counts), `status_row` (all `outboxd_status`
 //!   SQL).

@@ -67,11 +67,12 @@ pub async fn run_observed(
             Retry::Halt => {
                 health.halted.store(true, Relaxed);
                 metrics::gauge!(obs::HALTED).set(1.0);
-                tracing::error!(error = %err, retry_in_ms = wait.as_millis() as u64, "HALTED")
+                tracing::error!(error = %err, fix = policy.fix, retry_in_ms = wait.as_millis() as u64, "HALTED")
             }
             Retry::Backoff | Retry::Stop => tracing::warn!(
                 error = %cfg.redactor.scrub(&err.to_string()),
                 class = policy.class,
+                fix = policy.fix,
                 attempt,
                 retry_in_ms = wait.as_millis() as u64,
                 "session failed; restarting from the slot's confirmed LSN"

@@ -29,7 +29,7 @@ pub async fn latency_phase(
     w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.partitions)
         .await?;
     let mut relays = vec![Contestant::Outboxd];
-    if !o.variant_env.is_empty() {
+    if o.has_variant() {
         relays.push(Contestant::OutboxdVariant);
     }
     for k in relays {

@@ -117,9 +117,19 @@ pub struct Opts {
     /// (repeatable), run in the same interleaved order as outboxd.
     #[arg(long)]
     pub variant_env: Vec<String>,
+    /// Adds the contestant "outboxd (variant)" running this relay binary instead (with
+    /// `--variant-env`, if given): an A/B of two builds in one run, e.g. the
+    /// `outboxd-bench-relay` of the commit before a change.
+    #[arg(long)]
+    pub variant_bin: Option<PathBuf>,
 }
 
 impl Opts {
+    /// Is there an "outboxd (variant)" contestant?
+    pub(crate) fn has_variant(&self) -> bool {
+        !self.variant_env.is_empty() || self.variant_bin.is_some()
+    }
+
     fn apply_smoke(&mut self) {
         if self.smoke {
             self.events = self.events.min(2_000);
@@ -192,6 +202,7 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
             .unwrap_or_default(),
         relay_env: env_pairs(&o.relay_env),
         variant_env: env_pairs(&o.variant_env),
+        variant_bin: o.variant_bin.clone(),
     };
     let machine = crate::procstat::machine();
     let started = chrono::Local::now();
@@ -284,7 +295,7 @@ async fn throughput(w: &mut World, o: &Opts, cfg: &RunCfg, tx: usize) -> Result<
     if o.ssl {
         kinds.insert(2, Contestant::CeilingBareTls);
     }
-    if !o.variant_env.is_empty() {
+    if o.has_variant() {
         kinds.push(Contestant::OutboxdVariant);
     }
     // What TLS to Kafka costs, in the first transaction size's runs.
@@ -448,7 +459,7 @@ pub(crate) fn verify_timeout(n: u64) -> Duration {
 async fn big_txn(w: &mut World, o: &Opts, cfg: &RunCfg) -> Result<Vec<RunResult>> {
     let n = o.big_txn_rows;
     let mut kinds = vec![Contestant::CeilingBare, Contestant::Outboxd];
-    if !o.variant_env.is_empty() {
+    if o.has_variant() {
         kinds.push(Contestant::OutboxdVariant);
     }
     for &k in &kinds {

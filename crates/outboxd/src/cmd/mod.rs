@@ -176,7 +176,10 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
                 tracing::warn!("second signal: exiting without draining");
                 std::process::exit(130);
             });
-            crate::run_observed(cfg, rx, observed).await?;
+            // A definite error ends the relay: say what to do about it.
+            crate::run_observed(cfg, rx, observed)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}\n  fix: {}", e.policy().fix))?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Status { json, .. } => {

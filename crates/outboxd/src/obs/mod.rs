@@ -149,6 +149,14 @@ pub const METRICS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Wall-clock time, unix µs (0 before 1970).
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
 /// Registers help texts and the unlabelled series, so a scrape shows them from the start.
 pub fn describe() {
     for (name, help) in METRICS {

@@ -5,54 +5,31 @@
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::obs;
-use crate::relay::ack::AckTracker;
-use metrics::{Counter, Gauge, Histogram};
+use crate::obs::now_us;
+use crate::relay::in_flight::InFlight;
+use metrics::{Counter, Gauge};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
-/// Postgres timestamps count from 2000-01-01; this many µs after the unix epoch.
-pub const PG_EPOCH_US: i64 = 946_684_800_000_000;
-
 /// A session that ran this long counts as healthy: the next failure starts a new streak
 /// (attempt 1, shortest backoff) instead of continuing the old one.
 pub const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 
-pub fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
-
-/// One (event_type, topic) pair and its counter handle (resolved once, incremented per ack).
-pub struct Label {
-    pub event_type: String,
-    pub published: Counter,
-}
-
-impl Label {
-    pub fn new(event_type: &str, topic: &str) -> Self {
-        Self {
-            event_type: event_type.to_string(),
-            published: metrics::counter!(obs::PUBLISHED, "event_type" => event_type.to_string(), "topic" => topic.to_string()),
-        }
-    }
-}
-
+/// See the module docs. The session tells it what happened (events, acks, ignored changes) and
+/// calls [`Watch::tick`]; it never reaches into the session's state.
 pub struct Watch {
-    pub hb_prefix: String,
+    hb_prefix: String,
     hb_interval: Option<Duration>,
     stall_timeout: Duration,
     next_hb: Instant,
-    pub last_event_at: Instant,
-    pub last_ack_at: Instant,
+    last_event_at: Instant,
+    last_ack_at: Instant,
     last_hb: Option<(Instant, f64)>,
     last_hb_wall: Option<i64>,
     next_slot_poll: Instant,
-    pub commit_to_ack: Histogram,
-    pub ignored: Counter,
+    ignored: Counter,
     pending: Gauge,
     pending_bytes: Gauge,
     confirmed: Gauge,
@@ -64,7 +41,7 @@ pub struct Watch {
     oldest_age: f64,
     started: Instant,
     /// An acknowledgement moved the slot in this session (the broker path works end to end).
-    pub delivered: bool,
+    delivered: bool,
 }
 
 impl Watch {
@@ -81,7 +58,6 @@ impl Watch {
             last_hb: None,
             last_hb_wall: None,
             next_slot_poll: now,
-            commit_to_ack: metrics::histogram!(obs::COMMIT_TO_ACK),
             ignored: metrics::counter!(obs::IGNORED_CHANGES),
             pending: metrics::gauge!(obs::PENDING_EVENTS),
             pending_bytes: metrics::gauge!(obs::PENDING_BYTES),
@@ -94,6 +70,30 @@ impl Watch {
             started: now,
             delivered: false,
         }
+    }
+
+    /// A replication message arrived (the stream is alive).
+    pub fn saw_event(&mut self) {
+        self.last_event_at = Instant::now();
+    }
+
+    /// Is this logical message one of our heartbeats?
+    pub fn is_heartbeat(&self, prefix: &str) -> bool {
+        prefix == self.hb_prefix
+    }
+
+    /// The broker acknowledged a streamed event (`delivered`: not refused); `advanced`: the
+    /// confirmable LSN moved, so the broker path works end to end.
+    pub fn on_stream_ack(&mut self, delivered: bool, advanced: bool) {
+        if delivered {
+            self.last_ack_at = Instant::now();
+        }
+        self.delivered |= advanced;
+    }
+
+    /// A change of another published table (or an update/delete/truncate) was skipped.
+    pub fn on_ignored(&mut self) {
+        self.ignored.increment(1);
     }
 
     /// A heartbeat came back through the stream: its content is the emit time (unix µs).
@@ -138,10 +138,7 @@ impl Watch {
 pub struct View<'a> {
     pub slot: &'a str,
     pub sql: &'a Client,
-    pub tracker: &'a AckTracker,
-    pub in_flight_bytes: usize,
-    /// Commit time (unix µs) of the oldest unacknowledged event, per event type.
-    pub oldest: HashMap<String, i64>,
+    pub in_flight: &'a InFlight,
     pub observed: &'a obs::Observed,
 }
 
@@ -150,16 +147,16 @@ impl Watch {
     /// few seconds) slot health and the status row.
     pub async fn tick(&mut self, v: View<'_>, reading: bool) -> Result<(), RelayError> {
         let now = Instant::now();
-        self.pending.set(v.tracker.in_flight() as f64);
-        self.pending_bytes.set(v.in_flight_bytes as f64);
-        self.confirmed.set(v.tracker.confirmed() as f64);
-        self.oldest_ages(&v.oldest);
+        self.pending.set(v.in_flight.events() as f64);
+        self.pending_bytes.set(v.in_flight.bytes() as f64);
+        self.confirmed.set(v.in_flight.confirmed() as f64);
+        self.oldest_ages(&v.in_flight.oldest_pending());
         if let Some((at, _)) = self.last_hb {
             self.hb_age.set(at.elapsed().as_secs_f64());
         }
         // The broker is unreachable when acks stopped while events wait.
         let stuck =
-            v.tracker.in_flight() > 0 && self.last_ack_at.elapsed() > Duration::from_secs(15);
+            v.in_flight.events() > 0 && self.last_ack_at.elapsed() > Duration::from_secs(15);
         v.observed.health.broker_ok.store(!stuck, Ordering::Relaxed);
 
         if let Some(every) = self.hb_interval {
@@ -299,9 +296,9 @@ impl Watch {
             &crate::obs::status_row::Report {
                 slot: v.slot,
                 instance: &instance,
-                confirmed_lsn: &crate::relay::lsn::fmt_lsn(v.tracker.confirmed()),
-                pending_events: v.tracker.in_flight() as i64,
-                pending_bytes: v.in_flight_bytes as i64,
+                confirmed_lsn: &crate::relay::lsn::fmt_lsn(v.in_flight.confirmed()),
+                pending_events: v.in_flight.events() as i64,
+                pending_bytes: v.in_flight.bytes() as i64,
                 oldest_pending_age_s: self.oldest_age,
                 heartbeat_delay_s: hb_delay,
                 last_heartbeat_at_s: hb_at,

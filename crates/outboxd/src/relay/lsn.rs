@@ -1,6 +1,9 @@
-//! LSNs as Postgres writes them (`16/B374D848`).
+//! LSNs as Postgres writes them (`16/B374D848`), and its timestamps' epoch.
 
 use crate::error::RelayError;
+
+/// Postgres timestamps count from 2000-01-01; this many µs after the unix epoch.
+pub const PG_EPOCH_US: i64 = 946_684_800_000_000;
 
 /// `16/B374D848` → u64.
 pub fn parse_lsn(s: &str) -> Result<u64, RelayError> {

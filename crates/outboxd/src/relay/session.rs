@@ -173,7 +173,7 @@ pub async fn run_session_as(
     let mut next_repair = Instant::now();
     let state_every = Duration::from_millis(cfg.source.state_interval_ms);
     let mut next_state = Instant::now() + state_every;
-    let mut saved = (start, st.tracker.delivery_mark_us());
+    let mut saved = (start, st.in_flight().delivery_mark_us());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -183,7 +183,7 @@ pub async fn run_session_as(
         // every single ack and read one event at a time (measured: twice the CPU per event).
         let mut paused = false;
         loop {
-            let (n, bytes) = (st.tracker.in_flight(), st.in_flight_bytes);
+            let (n, bytes) = (st.in_flight().events(), st.in_flight().bytes());
             if n >= max_events || bytes >= max_bytes {
                 paused = true;
             } else if paused && n <= max_events / 2 && bytes <= max_bytes / 2 {
@@ -214,9 +214,9 @@ pub async fn run_session_as(
             while let Ok(ack) = acks.try_recv() {
                 st.on_ack(ack, &producer).await?;
             }
-            let c = st.tracker.confirmed();
+            let c = st.in_flight().confirmed();
             if c > reported {
-                if std::mem::take(&mut st.advanced_by_ack) {
+                if st.take_advanced_by_ack() {
                     fail::hit("acked");
                 }
                 repl.update_applied_lsn(Lsn(c));
@@ -233,7 +233,7 @@ pub async fn run_session_as(
     let deadline = Instant::now() + cfg.shutdown_timeout();
     if result.is_ok() {
         // Graceful: stop reading, let in-flight events land.
-        'drain: while st.tracker.in_flight() > 0 && Instant::now() < deadline {
+        'drain: while st.in_flight().events() > 0 && Instant::now() < deadline {
             producer.flush(Duration::from_millis(100));
             while let Ok(ack) = acks.try_recv() {
                 if st.on_ack(ack, &producer).await.is_err() {
@@ -242,7 +242,7 @@ pub async fn run_session_as(
             }
         }
     }
-    let c = st.tracker.confirmed();
+    let c = st.in_flight().confirmed();
     if c > reported {
         repl.update_applied_lsn(Lsn(c));
     }
@@ -259,7 +259,7 @@ pub async fn run_session_as(
             // Bounded: the session may be ending because this very connection went silent.
             let poll = tokio::time::timeout(
                 Duration::from_secs(1),
-                source::confirmed_flush(cfg, &st.sql),
+                source::confirmed_flush(cfg, st.sql()),
             );
             match poll.await {
                 Ok(Ok(s)) if s >= c => break,
@@ -273,8 +273,8 @@ pub async fn run_session_as(
     health.streaming.store(false, Relaxed);
     tracing::info!(
         confirmed_lsn = %fmt_lsn(c),
-        in_flight = st.tracker.in_flight(),
-        ignored_changes = st.ignored,
+        in_flight = st.in_flight().events(),
+        ignored_changes = st.ignored(),
         "session ended"
     );
     result.map(|()| SessionEnd::Shutdown)
@@ -287,13 +287,16 @@ async fn save_state(
     identity: &Identity,
     saved: (u64, Option<i64>),
 ) -> Result<(u64, Option<i64>), RelayError> {
-    let now = (st.tracker.confirmed(), st.tracker.delivery_mark_us());
+    let now = (
+        st.in_flight().confirmed(),
+        st.in_flight().delivery_mark_us(),
+    );
     if now.0 <= saved.0 && now.1 <= saved.1 {
         return Ok(saved);
     }
     let mark = now.1.and_then(chrono::DateTime::from_timestamp_micros);
     sql_bounded(slot_state::advance(
-        &st.sql,
+        st.sql(),
         &cfg.source.slot,
         identity,
         now.0,

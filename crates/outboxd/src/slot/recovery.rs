@@ -350,7 +350,7 @@ pub async fn publish(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<(Option<ReplicationClient>, u64)>, RelayError> {
     let started = std::time::Instant::now();
-    let commit_us = p.mark.timestamp_micros() - crate::obs::watch::PG_EPOCH_US;
+    let commit_us = p.mark.timestamp_micros() - crate::relay::lsn::PG_EPOCH_US;
     let xlog = |data: Vec<u8>| ReplicationEvent::XLogData {
         wal_start: Lsn(0),
         wal_end: Lsn(0),
@@ -363,7 +363,7 @@ pub async fn publish(
     let mut events: i64 = 0;
     loop {
         // Backpressure: the same window as the live stream.
-        while st.tracker.in_flight() >= max_events {
+        while st.in_flight().events() >= max_events {
             tokio::select! {
                 _ = shutdown.changed() => return Ok(None),
                 Some(ack) = acks.recv() => st.on_ack(ack, producer).await?,
@@ -413,7 +413,7 @@ pub async fn publish(
             st.on_ack(ack, producer).await?;
         }
     }
-    while st.tracker.in_flight() > 0 {
+    while st.in_flight().events() > 0 {
         tokio::select! {
             _ = shutdown.changed() => return Ok(None),
             Some(ack) = acks.recv() => st.on_ack(ack, producer).await?,
@@ -421,7 +421,7 @@ pub async fn publish(
     }
     p.reader.batch_execute("COMMIT").await?;
     let lsn = p.new_slot.then_some(p.start);
-    slot_state::finish_recovery(&st.sql, &st.slot, &p.identity, lsn, p.mark, events).await?;
+    slot_state::finish_recovery(st.sql(), st.slot(), &p.identity, lsn, p.mark, events).await?;
     let secs = started.elapsed().as_secs_f64();
     metrics::counter!(crate::obs::RECOVERIES, "reason" => p.reason.label()).increment(1);
     metrics::counter!(crate::obs::RECOVERED_EVENTS).increment(events as u64);

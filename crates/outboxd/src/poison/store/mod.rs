@@ -206,11 +206,11 @@ pub async fn still_blocked(
         .get(0))
 }
 
+/// Open parked events: `(event_type, state, count, age of the oldest in seconds)`.
+pub type OpenStats = Vec<(String, String, i64, f64)>;
+
 /// Open parked events per (event_type, state): count and age of the oldest, for metrics/status.
-pub async fn open_stats(
-    sql: &Client,
-    slot: &str,
-) -> Result<Vec<(String, String, i64, f64)>, RelayError> {
+pub async fn open_stats(sql: &Client, slot: &str) -> Result<OpenStats, RelayError> {
     let rows = sql
         .query(
             "SELECT coalesce(event_type, '?'), state, count(*), \

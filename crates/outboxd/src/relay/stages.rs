@@ -1,29 +1,34 @@
-//! The per-session state of the stages and what each does with one replication event:
-//! decode → route → (hold | validate | produce) → acknowledge → confirm, plus parking of poison
-//! events and the in-order release of parked ones after an operator's repair.
+//! The stages of one session and what each does with one replication event:
+//! decode → route → (hold | validate | produce) → acknowledge → confirm.
+//!
+//! The stages own their parts; this file only dispatches between them:
+//! - [`InFlight`]: events handed to the producer and not yet acknowledged (what may be confirmed);
+//! - [`PoisonHandler`]: parking, holding behind a parked event, releasing repaired ones;
+//! - [`Watch`]: what is observed and reported (gauges, heartbeats, stalls, the status row).
 
 use crate::error::RelayError;
 use crate::fail;
-use crate::poison::policy::{Ordering, PolicyConfig};
-use crate::poison::store::{self as parking, Blocked, ParkedRecord};
+use crate::obs::watch::{View, Watch};
+use crate::obs::Observed;
+use crate::poison::handler::PoisonHandler;
+use crate::poison::store::ParkedRecord;
 use crate::poison::validate::Validator;
-use crate::relay::ack::AckTracker;
+use crate::relay::in_flight::InFlight;
 use crate::relay::kafka::{Ack, Origin, Producer, Verdict};
+use crate::relay::lsn::PG_EPOCH_US;
 use crate::relay::pgoutput::{self, Message, Value};
 use crate::relay::route::ColumnNames;
 use crate::relay::route::{Event, RowMapping, TopicTemplate};
 use crate::relay::source::sql_bounded;
 use pgwire_replication::ReplicationEvent;
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
+use std::sync::Arc;
 use tokio_postgres::Client;
 
-mod repair;
-
-use repair::Releasing;
-
+/// See the module docs. One per session; the session calls its methods, never its fields.
 pub struct Stages {
-    pub slot: String,
-    pub sql: Client,
+    slot: String,
+    sql: Client,
     names: ColumnNames,
     table: (String, String),
     topic: TopicTemplate,
@@ -31,28 +36,18 @@ pub struct Stages {
     outbox: Option<(u32, RowMapping)>,
     /// Relations of other published tables: their changes are counted and ignored.
     others: HashSet<u32>,
-    pub tracker: AckTracker,
-    /// Bytes of events since the oldest unacknowledged one (approximate, for backpressure).
-    pub in_flight_bytes: usize,
-    sizes: VecDeque<(u64, usize)>,
     values: Vec<Value<'static>>,
     topic_buf: String,
-    pub ignored: u64,
-    policy: PolicyConfig,
+    ignored: u64,
     validator: Option<Validator>,
-    blocked: Blocked,
-    releasing: Option<Releasing>,
-    /// Label index (into `labels`) of each event from the oldest unacknowledged one on.
-    pub(crate) meta: VecDeque<u32>,
-    pub(crate) meta_base: u64,
-    pub(crate) labels: Vec<crate::obs::watch::Label>,
-    label_idx: std::collections::HashMap<String, std::collections::HashMap<String, u32>>,
-    pub(crate) watch: crate::obs::watch::Watch,
+    in_flight: InFlight,
+    poison: PoisonHandler,
+    watch: Watch,
     /// An acknowledgement (not a keepalive) advanced the confirmable LSN since the last report:
     /// where the `acked` crash window is.
-    pub advanced_by_ack: bool,
+    advanced_by_ack: bool,
     /// This relay's health and error counts.
-    pub(crate) observed: std::sync::Arc<crate::obs::Observed>,
+    observed: Arc<Observed>,
 }
 
 impl Stages {
@@ -60,11 +55,10 @@ impl Stages {
         cfg: &crate::Config,
         sql: Client,
         confirmed: u64,
-        observed: std::sync::Arc<crate::obs::Observed>,
+        observed: Arc<Observed>,
     ) -> Result<Self, RelayError> {
-        parking::ensure_tables(&sql).await?;
+        let poison = PoisonHandler::new(cfg, &sql, observed.clone()).await?;
         crate::obs::status_row::ensure_table(&sql).await?;
-        let blocked = parking::blocked_aggregates(&sql, &cfg.source.slot).await?;
         Ok(Self {
             slot: cfg.source.slot.clone(),
             sql,
@@ -73,97 +67,92 @@ impl Stages {
             topic: TopicTemplate::parse(&cfg.sink.topic)?,
             outbox: None,
             others: HashSet::new(),
-            tracker: AckTracker::new(confirmed),
-            in_flight_bytes: 0,
-            sizes: VecDeque::new(),
             values: Vec::new(),
             topic_buf: String::new(),
             ignored: 0,
-            policy: cfg.policy.clone(),
             validator: cfg.validation.schema_dir.as_ref().map(Validator::new),
-            blocked,
-            releasing: None,
-            meta: VecDeque::new(),
-            meta_base: 0,
-            labels: Vec::new(),
-            label_idx: Default::default(),
-            watch: crate::obs::watch::Watch::new(cfg),
+            in_flight: InFlight::new(confirmed),
+            poison,
+            watch: Watch::new(cfg),
             advanced_by_ack: false,
             observed,
         })
     }
 
+    /// The events not yet acknowledged, and what may be confirmed.
+    pub fn in_flight(&self) -> &InFlight {
+        &self.in_flight
+    }
+
+    /// The session's SQL connection (state rows, confirm polls).
+    pub fn sql(&self) -> &Client {
+        &self.sql
+    }
+
+    /// The slot this session streams from.
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// Changes of other tables (and updates, deletes, truncates) skipped in this session.
+    pub fn ignored(&self) -> u64 {
+        self.ignored
+    }
+
+    /// Did an acknowledgement (not a keepalive) advance the confirmable LSN since the last call?
+    pub fn take_advanced_by_ack(&mut self) -> bool {
+        std::mem::take(&mut self.advanced_by_ack)
+    }
+
     /// Every tick: what the watch reports (gauges, readiness, stalls, heartbeats, slot health,
     /// the status row).
     pub async fn obs_tick(&mut self, reading: bool) -> Result<(), RelayError> {
-        let view = crate::obs::watch::View {
+        let view = View {
             slot: &self.slot,
             sql: &self.sql,
-            tracker: &self.tracker,
-            in_flight_bytes: self.in_flight_bytes,
-            oldest: self.oldest_pending(),
+            in_flight: &self.in_flight,
             observed: &self.observed,
         };
         self.watch.tick(view, reading).await
     }
 
-    /// Commit time (unix µs) of the oldest unacknowledged event, per event type.
-    fn oldest_pending(&self) -> std::collections::HashMap<String, i64> {
-        let mut oldest = std::collections::HashMap::new();
-        for (i, &label) in self.meta.iter().enumerate() {
-            let seq = self.meta_base + i as u64;
-            if !self.tracker.is_pending(seq) {
-                continue;
-            }
-            let Some(l) = self.labels.get(label as usize) else {
-                continue;
-            };
-            if oldest.contains_key(l.event_type.as_str()) {
-                continue;
-            }
-            if let Some(c) = self.tracker.commit_us_of(seq) {
-                oldest.insert(l.event_type.clone(), c);
-            }
-        }
-        oldest
+    /// Periodic: pick up operator repairs and refresh the parked-event gauges.
+    pub async fn repair_tick(&mut self, producer: &Producer) -> Result<(), RelayError> {
+        let stats = self.poison.repair_tick(&self.sql, producer).await?;
+        self.watch.parked_gauges(&stats);
+        Ok(())
     }
 
     pub async fn on_ack(&mut self, ack: Ack, producer: &Producer) -> Result<(), RelayError> {
         match ack.origin {
             Origin::Release(id) => {
-                sql_bounded(self.on_release_ack(id, ack.verdict, producer)).await
+                let release = self
+                    .poison
+                    .on_release_ack(&self.sql, id, ack.verdict, producer);
+                sql_bounded(release).await
             }
             Origin::Stream(seq) => {
-                let before = self.tracker.confirmed();
+                let before = self.in_flight.confirmed();
+                let delivered = matches!(ack.verdict, Verdict::Delivered);
                 let r = self.on_stream_ack(seq, ack.verdict).await;
-                let advanced = self.tracker.confirmed() > before;
+                let advanced = self.in_flight.confirmed() > before;
                 self.advanced_by_ack |= advanced;
-                self.watch.delivered |= advanced;
+                self.watch.on_stream_ack(delivered, advanced);
                 r
             }
         }
     }
 
     async fn on_stream_ack(&mut self, seq: u64, verdict: Verdict) -> Result<(), RelayError> {
-        let label = seq
-            .checked_sub(self.meta_base)
-            .and_then(|i| self.meta.get(i as usize))
-            .map(|&l| l as usize);
         match verdict {
-            Verdict::Delivered => {
-                self.tracker.ack(seq, true);
-                self.watch.last_ack_at = std::time::Instant::now();
-                if let Some(l) = label.and_then(|l| self.labels.get(l)) {
-                    l.published.increment(1);
-                }
-            }
+            Verdict::Delivered => self.in_flight.delivered(seq),
             Verdict::Rejected {
                 class,
                 message,
                 record,
             } => {
-                self.poison(record, class, &message).await?;
-                self.tracker.ack(seq, true);
+                self.poison.park(&self.sql, record, class, &message).await?;
+                self.in_flight.parked(seq);
             }
             Verdict::Retriable {
                 event_id,
@@ -171,11 +160,8 @@ impl Stages {
                 class,
                 message,
             } => {
-                self.tracker.ack(seq, false);
-                let event_type = label
-                    .and_then(|l| self.labels.get(l))
-                    .map(|l| l.event_type.as_str());
-                self.observed.errors.record(class, event_type.unwrap_or(""));
+                let event_type = self.in_flight.failed(seq).unwrap_or("");
+                self.observed.errors.record(class, event_type);
                 return Err(RelayError::Delivery {
                     code,
                     event_id,
@@ -183,28 +169,7 @@ impl Stages {
                 });
             }
         }
-        self.release_bytes();
         Ok(())
-    }
-
-    /// Bytes (and per-event labels) are released in sequence order as the acknowledged prefix
-    /// grows; completed transactions feed the commit→ack histogram.
-    fn release_bytes(&mut self) {
-        let oldest_unacked = self.tracker.oldest_unacked();
-        while self.meta_base < oldest_unacked && self.meta.pop_front().is_some() {
-            self.meta_base += 1;
-        }
-        let hist = &self.watch.commit_to_ack;
-        let now_us = crate::obs::watch::now_us();
-        self.tracker
-            .drain_completed(|c| hist.record((now_us - c).max(0) as f64 / 1e6));
-        while let Some(&(seq, n)) = self.sizes.front() {
-            if seq >= oldest_unacked {
-                break;
-            }
-            self.in_flight_bytes -= n;
-            self.sizes.pop_front();
-        }
     }
 
     pub async fn on_event(
@@ -212,28 +177,23 @@ impl Stages {
         ev: ReplicationEvent,
         producer: &Producer,
     ) -> Result<(), RelayError> {
-        self.watch.last_event_at = std::time::Instant::now();
+        self.watch.saw_event();
         match ev {
             ReplicationEvent::Begin {
                 commit_time_micros, ..
-            } => self
-                .tracker
-                .begin_at(commit_time_micros + crate::obs::watch::PG_EPOCH_US),
-            ReplicationEvent::Commit { end_lsn, .. } => {
-                self.tracker.commit(end_lsn.0);
-                self.release_bytes();
-            }
-            ReplicationEvent::KeepAlive { wal_end, .. } => self.tracker.keepalive(wal_end.0),
+            } => self.in_flight.begin_at(commit_time_micros + PG_EPOCH_US),
+            ReplicationEvent::Commit { end_lsn, .. } => self.in_flight.commit(end_lsn.0),
+            ReplicationEvent::KeepAlive { wal_end, .. } => self.in_flight.keepalive(wal_end.0),
             ReplicationEvent::XLogData { data, .. } => self.on_data(&data, producer).await?,
             ReplicationEvent::Message {
                 transactional: false,
                 lsn,
                 prefix,
                 content,
-            } if prefix == self.watch.hb_prefix => {
+            } if self.watch.is_heartbeat(&prefix) => {
                 self.watch.on_heartbeat(&content);
                 // Like a keepalive: with nothing in flight its position is safe to confirm.
-                self.tracker.keepalive(lsn.0);
+                self.in_flight.keepalive(lsn.0);
             }
             ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
         }
@@ -305,24 +265,20 @@ impl Stages {
                 let rec = mapping
                     .partial(values)
                     .ok_or(RelayError::Route(e.clone()))?;
-                return self.poison(rec, "invalid_event", &e.to_string()).await;
+                return self.park(rec, "invalid_event", &e.to_string()).await;
             }
         };
-        let pol = self.policy.for_type(event.event_type);
-        if pol.ordering == Ordering::Aggregate {
-            if let Some(head) = self
-                .blocked
-                .get(event.aggregate_type)
-                .and_then(|m| m.get(event.aggregate_id))
-                .cloned()
-            {
-                return self.hold(&event, &head).await;
-            }
+        let blocked_by =
+            self.poison
+                .blocked_by(event.event_type, event.aggregate_type, event.aggregate_id);
+        if let Some(head) = blocked_by {
+            let rec = self.record_of(&event);
+            return self.poison.hold(&self.sql, &rec, &head).await;
         }
         if event.headers.is_some() {
             if let Err(e) = event.for_each_header(|_, _| {}) {
                 let rec = self.record_of(&event);
-                return self.poison(rec, "invalid_event", &e.to_string()).await;
+                return self.park(rec, "invalid_event", &e.to_string()).await;
             }
         }
         if let Some(v) = self.validator.as_mut() {
@@ -332,16 +288,13 @@ impl Stages {
                 event.payload,
             ) {
                 let rec = self.record_of(&event);
-                return self.poison(rec, "schema_invalid", &msg).await;
+                return self.park(rec, "schema_invalid", &msg).await;
             }
         }
         self.topic.render(&event, &mut self.topic_buf);
-        let label = self.label(event.event_type);
-        let seq = self.tracker.add_event();
-        self.meta.push_back(label);
-        let size = event.size();
-        self.in_flight_bytes += size;
-        self.sizes.push_back((seq, size));
+        let seq = self
+            .in_flight
+            .add(event.event_type, &self.topic_buf, event.size());
         // A synchronous refusal arrives as an Ack before the session reads the next event.
         producer.send(&self.topic_buf, &event, seq).await;
         fail::hit("produced");
@@ -350,26 +303,12 @@ impl Stages {
 
     fn ignore(&mut self) {
         self.ignored += 1;
-        self.watch.ignored.increment(1);
+        self.watch.on_ignored();
     }
 
-    /// Interned (event_type, topic) label of the published-events counter.
-    fn label(&mut self, event_type: &str) -> u32 {
-        if let Some(&i) = self
-            .label_idx
-            .get(event_type)
-            .and_then(|m| m.get(self.topic_buf.as_str()))
-        {
-            return i;
-        }
-        let i = self.labels.len() as u32;
-        self.labels
-            .push(crate::obs::watch::Label::new(event_type, &self.topic_buf));
-        self.label_idx
-            .entry(event_type.to_string())
-            .or_default()
-            .insert(self.topic_buf.clone(), i);
-        i
+    /// A deterministic failure of a streamed row that never reached the producer.
+    async fn park(&mut self, rec: ParkedRecord, class: &str, msg: &str) -> Result<(), RelayError> {
+        self.poison.park(&self.sql, rec, class, msg).await
     }
 
     /// The record exactly as it would have been produced.

@@ -1,28 +1,72 @@
-//! The stages' side of poison events: parking a deterministic failure (or halting), holding
-//! later events of a blocked aggregate, and releasing repaired ones one at a time, in order.
-//! All SQL is in [`crate::poison::store`].
+//! What a session does with poison events: park a deterministic failure (or halt), hold later
+//! events of a blocked aggregate behind it, and release repaired ones one at a time, in order.
+//! All SQL is in [`crate::poison::store`]; the session's SQL connection is lent per call.
 
-use super::Stages;
+use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
-use crate::poison::policy::{OnPoison, Ordering};
-use crate::poison::store::{self as parking, ParkState, ParkedRecord};
+use crate::obs::Observed;
+use crate::poison::policy::{OnPoison, Ordering, PolicyConfig};
+use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
 use crate::relay::kafka::{Producer, Verdict};
-use crate::relay::route::Event;
 use crate::relay::source::sql_bounded;
+use std::sync::Arc;
+use tokio_postgres::Client;
 
 /// A parked event being republished (one at a time, in stream order).
-pub(super) struct Releasing {
+struct Releasing {
     id: i64,
     event_id: String,
     aggregate_type: Option<String>,
     aggregate_id: Option<String>,
 }
 
-impl Stages {
+/// See the module docs. One per session.
+pub struct PoisonHandler {
+    slot: String,
+    policy: PolicyConfig,
+    /// Aggregates with a parked event at their head: type → id → the head's event_id.
+    blocked: Blocked,
+    releasing: Option<Releasing>,
+    observed: Arc<Observed>,
+}
+
+impl PoisonHandler {
+    /// Creates the parking table if needed and loads the aggregates blocked by earlier sessions.
+    pub async fn new(
+        cfg: &Config,
+        sql: &Client,
+        observed: Arc<Observed>,
+    ) -> Result<Self, RelayError> {
+        parking::ensure_tables(sql).await?;
+        let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
+        Ok(Self {
+            slot: cfg.source.slot.clone(),
+            policy: cfg.policy.clone(),
+            blocked,
+            releasing: None,
+            observed,
+        })
+    }
+
+    /// The parked event this event must wait behind, when its type orders by aggregate and the
+    /// aggregate is blocked.
+    pub fn blocked_by(
+        &self,
+        event_type: &str,
+        aggregate_type: &str,
+        aggregate_id: &str,
+    ) -> Option<String> {
+        if self.policy.for_type(event_type).ordering != Ordering::Aggregate {
+            return None;
+        }
+        self.blocked.get(aggregate_type)?.get(aggregate_id).cloned()
+    }
+
     /// A deterministic failure: park (and block the aggregate if its policy says so) or halt.
-    pub(super) async fn poison(
+    pub async fn park(
         &mut self,
+        sql: &Client,
         rec: ParkedRecord,
         class: &str,
         message: &str,
@@ -43,7 +87,7 @@ impl Stages {
             && rec.aggregate_type.is_some()
             && rec.aggregate_id.is_some();
         let state = sql_bounded(parking::park(
-            &self.sql,
+            sql,
             &self.slot,
             &rec,
             ParkState::Parked,
@@ -73,12 +117,16 @@ impl Stages {
     }
 
     /// A later event of a blocked aggregate waits, durably, behind the parked one.
-    pub(super) async fn hold(&mut self, e: &Event<'_>, head: &str) -> Result<(), RelayError> {
-        let rec = self.record_of(e);
+    pub async fn hold(
+        &mut self,
+        sql: &Client,
+        rec: &ParkedRecord,
+        head: &str,
+    ) -> Result<(), RelayError> {
         sql_bounded(parking::park(
-            &self.sql,
+            sql,
             &self.slot,
-            &rec,
+            rec,
             ParkState::Blocked,
             true,
             Some(head),
@@ -88,32 +136,36 @@ impl Stages {
             ),
         ))
         .await?;
-        metrics::counter!(crate::obs::BLOCKED, "event_type" => e.event_type.to_string())
-            .increment(1);
+        let event_type = rec.event_type.as_deref().unwrap_or("");
+        metrics::counter!(crate::obs::BLOCKED, "event_type" => event_type.to_string()).increment(1);
         tracing::warn!(
-            event_id = e.event_id,
-            aggregate_id = e.aggregate_id,
-            aggregate_version = e.aggregate_version.unwrap_or(""),
-            event_type = e.event_type,
+            event_id = %rec.event_id,
+            aggregate_id = rec.aggregate_id.as_deref().unwrap_or(""),
+            aggregate_version = rec.aggregate_version,
+            event_type,
             blocked_by = head,
             "event held behind a parked event"
         );
         Ok(())
     }
 
-    /// Periodic: pick up operator repairs (retry/discard) and refresh parked-event metrics.
-    pub async fn repair_tick(&mut self, producer: &Producer) -> Result<(), RelayError> {
-        let stats = parking::open_stats(&self.sql, &self.slot).await?;
-        self.watch.parked_gauges(&stats);
+    /// Periodic: pick up operator repairs (retry/discard). Returns the open parked events per
+    /// type and state, for the gauges.
+    pub async fn repair_tick(
+        &mut self,
+        sql: &Client,
+        producer: &Producer,
+    ) -> Result<OpenStats, RelayError> {
+        let stats = parking::open_stats(sql, &self.slot).await?;
         if self.releasing.is_none() {
-            self.blocked = parking::blocked_aggregates(&self.sql, &self.slot).await?;
-            self.release_next(producer).await?;
+            self.blocked = parking::blocked_aggregates(sql, &self.slot).await?;
+            self.release_next(sql, producer).await?;
         }
-        Ok(())
+        Ok(stats)
     }
 
-    async fn release_next(&mut self, producer: &Producer) -> Result<(), RelayError> {
-        let Some(r) = parking::next_release(&self.sql, &self.slot).await? else {
+    async fn release_next(&mut self, sql: &Client, producer: &Producer) -> Result<(), RelayError> {
+        let Some(r) = parking::next_release(sql, &self.slot).await? else {
             return Ok(());
         };
         self.releasing = Some(Releasing {
@@ -127,8 +179,11 @@ impl Stages {
         Ok(())
     }
 
-    pub(super) async fn on_release_ack(
+    /// The broker's verdict on a released event: mark it, unblock its aggregate when nothing
+    /// else of it is parked, and release the next one.
+    pub async fn on_release_ack(
         &mut self,
+        sql: &Client,
         id: i64,
         verdict: Verdict,
         producer: &Producer,
@@ -138,11 +193,11 @@ impl Stages {
         };
         match verdict {
             Verdict::Delivered => {
-                parking::mark_delivered(&self.sql, rel.id).await?;
+                parking::mark_delivered(sql, rel.id).await?;
                 tracing::info!(event_id = %rel.event_id, aggregate_id = rel.aggregate_id.as_deref().unwrap_or(""), "parked event delivered");
             }
             Verdict::Rejected { class, message, .. } => {
-                parking::mark_failed(&self.sql, rel.id, class, &message).await?;
+                parking::mark_failed(sql, rel.id, class, &message).await?;
             }
             Verdict::Retriable { message, .. } => {
                 // The row keeps its state and is tried again on the next tick.
@@ -151,12 +206,12 @@ impl Stages {
             }
         }
         if let (Some(t), Some(a)) = (&rel.aggregate_type, &rel.aggregate_id) {
-            if !parking::still_blocked(&self.sql, &self.slot, t, a).await? {
+            if !parking::still_blocked(sql, &self.slot, t, a).await? {
                 if let Some(m) = self.blocked.get_mut(t) {
                     m.remove(a);
                 }
             }
         }
-        self.release_next(producer).await
+        self.release_next(sql, producer).await
     }
 }

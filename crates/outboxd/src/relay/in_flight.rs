@@ -1,0 +1,212 @@
+//! In-flight accounting: the events handed to the producer and not yet acknowledged.
+//!
+//! It wraps the [`AckTracker`] (which LSN is safe to confirm) with what the rest of the session
+//! needs to know about the same events: their bytes (backpressure), the `(event_type, topic)`
+//! label each one counts under once the broker has it, and the commit→ack histogram fed as
+//! transactions complete. Everything is released in sequence order as the acknowledged prefix
+//! grows, so memory follows the in-flight window, not the stream.
+
+use crate::obs;
+use crate::relay::ack::{AckTracker, Seq};
+use metrics::{Counter, Histogram};
+use std::collections::{HashMap, VecDeque};
+
+/// One `(event_type, topic)` pair and its counter handle: resolved once, incremented per ack.
+struct Label {
+    event_type: String,
+    published: Counter,
+}
+
+/// See the module docs. Owned by the session's stages; single-threaded.
+pub struct InFlight {
+    tracker: AckTracker,
+    /// Bytes of events since the oldest unacknowledged one (approximate, for backpressure).
+    bytes: usize,
+    sizes: VecDeque<(Seq, usize)>,
+    /// Label index (into `labels`) of each event from the oldest unacknowledged one on.
+    meta: VecDeque<u32>,
+    meta_base: Seq,
+    labels: Vec<Label>,
+    label_idx: HashMap<String, HashMap<String, u32>>,
+    commit_to_ack: Histogram,
+}
+
+impl InFlight {
+    /// Nothing in flight; the slot is confirmed up to `confirmed`.
+    pub fn new(confirmed: u64) -> Self {
+        Self {
+            tracker: AckTracker::new(confirmed),
+            bytes: 0,
+            sizes: VecDeque::new(),
+            meta: VecDeque::new(),
+            meta_base: 0,
+            labels: Vec::new(),
+            label_idx: HashMap::new(),
+            commit_to_ack: metrics::histogram!(obs::COMMIT_TO_ACK),
+        }
+    }
+
+    /// A transaction begins; `commit_us` is its commit time (unix µs).
+    pub fn begin_at(&mut self, commit_us: i64) {
+        self.tracker.begin_at(commit_us);
+    }
+
+    /// The current transaction's Commit, with its end LSN.
+    pub fn commit(&mut self, end_lsn: u64) {
+        self.tracker.commit(end_lsn);
+        self.release();
+    }
+
+    /// A position the server says holds nothing for us (keepalive, our own heartbeat).
+    pub fn keepalive(&mut self, wal_end: u64) {
+        self.tracker.keepalive(wal_end);
+    }
+
+    /// An event of `size` bytes, counted under `(event_type, topic)`, goes to the producer.
+    pub fn add(&mut self, event_type: &str, topic: &str, size: usize) -> Seq {
+        let label = self.label(event_type, topic);
+        let seq = self.tracker.add_event();
+        self.meta.push_back(label);
+        self.bytes += size;
+        self.sizes.push_back((seq, size));
+        seq
+    }
+
+    /// The broker has the event: it counts as published.
+    pub fn delivered(&mut self, seq: Seq) {
+        self.tracker.ack(seq, true);
+        if let Some(l) = self.label_of(seq) {
+            l.published.increment(1);
+        }
+        self.release();
+    }
+
+    /// The event is durably parked instead: its position may be confirmed.
+    pub fn parked(&mut self, seq: Seq) {
+        self.tracker.ack(seq, true);
+        self.release();
+    }
+
+    /// The event failed transiently: nothing from it on is confirmed in this session. Returns
+    /// its event type, for the error counters.
+    pub fn failed(&mut self, seq: Seq) -> Option<&str> {
+        self.tracker.ack(seq, false);
+        self.label_of(seq).map(|l| l.event_type.as_str())
+    }
+
+    /// The LSN safe to confirm to Postgres.
+    pub fn confirmed(&self) -> u64 {
+        self.tracker.confirmed()
+    }
+
+    /// Events waiting for the broker.
+    pub fn events(&self) -> usize {
+        self.tracker.in_flight()
+    }
+
+    /// Approximate bytes waiting for the broker.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Commit time (unix µs) of the newest fully acknowledged transaction with events.
+    pub fn delivery_mark_us(&self) -> Option<i64> {
+        self.tracker.delivery_mark_us()
+    }
+
+    /// Commit time (unix µs) of the oldest unacknowledged event, per event type.
+    pub fn oldest_pending(&self) -> HashMap<String, i64> {
+        let mut oldest = HashMap::new();
+        for (i, &label) in self.meta.iter().enumerate() {
+            let seq = self.meta_base + i as u64;
+            if !self.tracker.is_pending(seq) {
+                continue;
+            }
+            let Some(l) = self.labels.get(label as usize) else {
+                continue;
+            };
+            if oldest.contains_key(l.event_type.as_str()) {
+                continue;
+            }
+            if let Some(c) = self.tracker.commit_us_of(seq) {
+                oldest.insert(l.event_type.clone(), c);
+            }
+        }
+        oldest
+    }
+
+    fn label_of(&self, seq: Seq) -> Option<&Label> {
+        let i = seq.checked_sub(self.meta_base)?;
+        let &l = self.meta.get(i as usize)?;
+        self.labels.get(l as usize)
+    }
+
+    /// Interned `(event_type, topic)` label of the published-events counter.
+    fn label(&mut self, event_type: &str, topic: &str) -> u32 {
+        if let Some(&i) = self.label_idx.get(event_type).and_then(|m| m.get(topic)) {
+            return i;
+        }
+        let i = self.labels.len() as u32;
+        self.labels.push(Label {
+            event_type: event_type.to_string(),
+            published: metrics::counter!(obs::PUBLISHED, "event_type" => event_type.to_string(), "topic" => topic.to_string()),
+        });
+        self.label_idx
+            .entry(event_type.to_string())
+            .or_default()
+            .insert(topic.to_string(), i);
+        i
+    }
+
+    /// Labels and bytes are released in sequence order as the acknowledged prefix grows;
+    /// completed transactions feed the commit→ack histogram.
+    fn release(&mut self) {
+        let oldest_unacked = self.tracker.oldest_unacked();
+        while self.meta_base < oldest_unacked && self.meta.pop_front().is_some() {
+            self.meta_base += 1;
+        }
+        let hist = &self.commit_to_ack;
+        let now_us = obs::now_us();
+        self.tracker
+            .drain_completed(|c| hist.record((now_us - c).max(0) as f64 / 1e6));
+        while let Some(&(seq, n)) = self.sizes.front() {
+            if seq >= oldest_unacked {
+                break;
+            }
+            self.bytes -= n;
+            self.sizes.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_and_labels_follow_the_acknowledged_prefix() {
+        let mut f = InFlight::new(10);
+        f.begin_at(1);
+        let a = f.add("Paid", "t", 100);
+        let b = f.add("Shipped", "t", 50);
+        f.commit(20);
+        assert_eq!((f.events(), f.bytes()), (2, 150));
+        assert_eq!(f.oldest_pending().len(), 2);
+        // Out of order: b first keeps the window (from a on), its bytes and the LSN.
+        f.delivered(b);
+        assert_eq!((f.events(), f.bytes(), f.confirmed()), (2, 150, 10));
+        f.delivered(a);
+        assert_eq!((f.events(), f.bytes(), f.confirmed()), (0, 0, 20));
+        assert!(f.oldest_pending().is_empty());
+    }
+
+    #[test]
+    fn a_failed_event_names_its_type_and_stops_the_confirm() {
+        let mut f = InFlight::new(10);
+        f.begin_at(1);
+        let a = f.add("Paid", "t", 1);
+        f.commit(20);
+        assert_eq!(f.failed(a), Some("Paid"));
+        assert_eq!(f.confirmed(), 10);
+    }
+}
