@@ -2,8 +2,8 @@
 //!
 //! Slot readers (pg_recvlogical, the bare reader, outboxd) each get their own slot created
 //! before loading, so the loaded rows are in every slot's future. The bare reader and outboxd
-//! stream a few warm-up rows, are paused (SIGSTOP) while the timed rows load, and are timed
-//! from SIGCONT until the slot's confirmed LSN covers the WAL position after loading (outboxd
+//! stream a few warm-up rows, are paused (SIGSTOP, with their walsender) while the timed rows
+//! load, and are timed from SIGCONT until the slot's confirmed LSN covers the WAL position after loading (outboxd
 //! confirms only what the broker acknowledged). pg_recvlogical is started after loading and
 //! timed until it exits at `--endpos`. No consumer runs while a clock runs; the topics are read
 //! back and verified afterwards.
@@ -227,7 +227,17 @@ pub struct Paused {
     log: PathBuf,
 }
 
-/// Starts a slot reader, waits until it confirmed `warm_lsn`, and pauses it.
+impl Drop for Paused {
+    /// A paused walsender must never outlive the run: a stopped backend would hang the
+    /// cluster's shutdown.
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a backend of the bench's own cluster; harmless when it runs.
+        unsafe { libc::kill(self.walsender as i32, libc::SIGCONT) };
+    }
+}
+
+/// Starts a slot reader, waits until it confirmed `warm_lsn`, and pauses it (and its
+/// walsender).
 pub async fn start_paused(
     w: &World,
     kind: Contestant,
@@ -255,6 +265,12 @@ pub async fn start_paused(
     }
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+    // Its walsender too, idle now (it sent the warm-up and waits for WAL): left running, it
+    // would decode the timed rows during the load and park them in the socket buffers, which
+    // hold 36 MB on a kernel with tcp_rmem max = 32 MB, i.e. the whole run, and the clock
+    // would time only what is left (seen: runs of "0.00 s" at 200,000 events).
+    // SAFETY: kill(2) on a Postgres backend of the bench's own cluster.
+    unsafe { libc::kill(walsender as i32, libc::SIGSTOP) };
     Ok(Paused {
         kind,
         slot: slot.to_string(),
@@ -274,8 +290,11 @@ pub async fn run_paused(w: &World, p: Paused, end_lsn: u64, events: u64) -> Resu
     let proxy0 = p.sink.proxy_tid.and_then(procstat::thread_cpu_secs);
     let start_lsn = world::slot_state(&sql, slot).await?.1;
     let t0 = Instant::now();
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+    // SAFETY: kill(2) on our own child and its walsender.
+    unsafe {
+        libc::kill(p.walsender as i32, libc::SIGCONT);
+        libc::kill(pid as i32, libc::SIGCONT);
+    }
     let deadline = t0 + Duration::from_secs(300 + events / 2000);
     let mut first_ack = None;
     loop {

@@ -48,6 +48,10 @@ pub enum EnvelopeError {
     MissingPayload,
     #[error("record key {key:?} differs from the aggregate_id header {aggregate_id:?}")]
     KeyMismatch { key: String, aggregate_id: String },
+    /// A protocol header appears twice: which one is the event's identity is ambiguous (a
+    /// producer appending a spoofed `event_id` after the real one), so the record is refused.
+    #[error("record carries the `{0}` header more than once")]
+    DuplicateHeader(&'static str),
 }
 
 const PROTOCOL_HEADERS: [&str; 6] = [
@@ -77,6 +81,9 @@ impl Envelope {
                     None => String::new(),
                 };
                 match PROTOCOL_HEADERS.iter().position(|p| *p == h.key) {
+                    Some(i) if protocol[i].is_some() => {
+                        return Err(EnvelopeError::DuplicateHeader(PROTOCOL_HEADERS[i]))
+                    }
                     Some(i) => protocol[i] = Some(value),
                     None => {
                         headers.insert(h.key.to_string(), value);
@@ -236,5 +243,19 @@ mod tests {
             Envelope::from_message(&record(&full(), Some("o-2"))),
             Err(EnvelopeError::KeyMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn a_protocol_header_twice_is_refused() {
+        // A row's headers appended after the relay's: the inbox must not take the last one.
+        for name in PROTOCOL_HEADERS {
+            let mut hs = full();
+            hs.push((name, "00000000-0000-0000-0000-000000000000"));
+            assert_eq!(
+                Envelope::from_message(&record(&hs, Some("o-1"))),
+                Err(EnvelopeError::DuplicateHeader(name)),
+                "{name}"
+            );
+        }
     }
 }

@@ -20,11 +20,14 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     if cfg.source.columns.preset == Preset::Outboxd {
         let ddl = OUTBOX_SQL
             .replace("public.outbox", &qualified)
-            .replace("outbox_created_at_idx", &format!("{table}_created_at_idx"))
+            .replace(
+                "outbox_created_at_idx",
+                &quote_ident(&format!("{table}_created_at_idx")),
+            )
             .replace("'outbox_pub'", &format!("'{}'", cfg.source.publication))
             .replace(
                 "PUBLICATION outbox_pub",
-                &format!("PUBLICATION {}", cfg.source.publication),
+                &format!("PUBLICATION {}", quote_ident(&cfg.source.publication)),
             );
         sql.batch_execute(&ddl).await?;
         done.push(format!(
@@ -53,7 +56,7 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
         if !has_pub {
             sql.batch_execute(&format!(
                 "CREATE PUBLICATION {} FOR TABLE {qualified} WITH (publish = 'insert')",
-                cfg.source.publication
+                quote_ident(&cfg.source.publication)
             ))
             .await?;
         }

@@ -134,6 +134,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
     init_logging(cfg.log.format);
+    for name in &cfg.ignored_env {
+        tracing::warn!(
+            variable = %name,
+            "ignored: not an OUTBOXD_<SECTION>_<KEY> override (no such section)"
+        );
+    }
     // Errors built by libraries may repeat a secret of the configuration.
     command(cli, &cfg)
         .await

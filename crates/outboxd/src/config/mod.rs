@@ -42,6 +42,11 @@ pub struct Config {
     /// Every secret of this configuration, to scrub from errors and logs (see `config::secrets`).
     #[serde(skip)]
     pub redactor: crate::config::secrets::Redactor,
+    /// `OUTBOXD_*` environment variables that are not overrides (no known section), ignored:
+    /// logged as warnings once logging is set up. Orchestrators inject such names (Kubernetes
+    /// sets `OUTBOXD_PORT=tcp://…` for a Service named `outboxd`).
+    #[serde(skip)]
+    pub ignored_env: Vec<String>,
     #[serde(default)]
     pub sink: SinkConfig,
     #[serde(default)]
@@ -353,9 +358,12 @@ impl Config {
         let mut root: toml::Table = text
             .parse()
             .map_err(|e| invalid(crate::config::secrets::toml_syntax(text, &e)))?;
+        let mut ignored_env = Vec::new();
         for (k, v) in env {
             if let Some(rest) = k.strip_prefix("OUTBOXD_") {
-                apply_override(&mut root, rest, v)?;
+                if !apply_override(&mut root, rest, v)? {
+                    ignored_env.push(k);
+                }
             }
         }
         // Typing errors echo the values they could not read: scrub the secrets among them.
@@ -364,6 +372,7 @@ impl Config {
             .try_into()
             .map_err(|e: toml::de::Error| invalid(raw.scrub(e.message())))?;
         crate::config::secrets::load_files(&mut cfg)?;
+        cfg.ignored_env = ignored_env;
         cfg.redactor = crate::config::secrets::Redactor::of(
             &cfg.sink.kafka,
             &cfg.source.dsn,
@@ -399,32 +408,19 @@ const NOT_CONFIG: [&str; 6] = [
     "DEMO_BOOTSTRAP",
 ];
 
-fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<(), ConfigError> {
+/// Applies one `OUTBOXD_<SECTION>_<KEY>` override. Returns false for a name that is not one
+/// (no known section): not ours, ignored. A known section with an unknown key is a typo and
+/// fails when the configuration is read.
+fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bool, ConfigError> {
     if NOT_CONFIG.contains(&key) {
-        return Ok(());
+        return Ok(true);
     }
     let lower = key.to_ascii_lowercase();
-    let (section, rest) = lower.split_once('_').ok_or_else(|| {
-        invalid(format!(
-            "env OUTBOXD_{key}: expected OUTBOXD_<SECTION>_<KEY>"
-        ))
-    })?;
-    const SECTIONS: [&str; 9] = [
-        "source",
-        "sink",
-        "relay",
-        "log",
-        "metrics",
-        "policy",
-        "validation",
-        "heartbeat",
-        "alerts",
-    ];
-    if !SECTIONS.contains(&section) {
-        return Err(invalid(format!(
-            "env OUTBOXD_{key}: unknown section `{section}` ({})",
-            SECTIONS.join(", ")
-        )));
+    let Some((section, rest)) = lower.split_once('_') else {
+        return Ok(false);
+    };
+    if !SECTIONS.contains(&section) || rest.is_empty() {
+        return Ok(false);
     }
     let table = sub_table(root, section)?;
     let (table, leaf) = if section == "sink" && rest.starts_with("kafka_") {
@@ -441,8 +437,21 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<()
         (table, rest.to_string())
     };
     table.insert(leaf, toml::Value::String(value));
-    Ok(())
+    Ok(true)
 }
+
+/// The sections `OUTBOXD_<SECTION>_<KEY>` may name.
+const SECTIONS: [&str; 9] = [
+    "source",
+    "sink",
+    "relay",
+    "log",
+    "metrics",
+    "policy",
+    "validation",
+    "heartbeat",
+    "alerts",
+];
 
 fn sub_table<'a>(t: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, ConfigError> {
     t.entry(name.to_string())
@@ -573,7 +582,18 @@ dsn = "postgres://u@127.0.0.1:5432/app"
         assert!(e(BASE, &[("OUTBOXD_SOURCE_SLOT", "Bad-Slot")]).contains("source.slot"));
         assert!(e(BASE, &[("OUTBOXD_SINK_KAFKA_ACKS", "1")]).contains("acks=all"));
         assert!(e(BASE, &[("OUTBOXD_SINK_TOPIC", "x.{nope}")]).contains("{nope}"));
-        assert!(e(BASE, &[("OUTBOXD_NOPE_X", "1")]).contains("unknown section"));
+        // Not ours (Kubernetes service links, other tools): ignored and reported, not fatal.
+        let c = Config::from_toml_and_env(
+            BASE,
+            env(&[
+                ("OUTBOXD_PORT", "tcp://10.0.0.1:9090"),
+                ("OUTBOXD_NOPE_X", "1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.ignored_env, ["OUTBOXD_PORT", "OUTBOXD_NOPE_X"]);
+        // A known section with an unknown key is a typo.
+        assert!(e(BASE, &[("OUTBOXD_RELAY_MAX_INFLIGHT", "1")]).contains("max_inflight"));
         assert!(e(&format!("{BASE}\n[relay]\nbogus = 1\n"), &[]).contains("bogus"));
         assert!(e(BASE, &[("OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS", "lots")]).contains("invalid"));
         let no_broker = "[source]\ndsn = \"postgres://u@h/db\"\n";

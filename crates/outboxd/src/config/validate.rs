@@ -32,8 +32,23 @@ impl Config {
                 )));
             }
         }
-        if s.table.split('.').count() > 2 || s.table.is_empty() {
-            return Err(invalid("source.table must be `table` or `schema.table`"));
+        // The name is spliced into DDL and recovery queries (a table name cannot be a bind
+        // parameter): only plain identifiers, quoted wherever they are used.
+        let plain = |p: &str| {
+            p.len() <= 63
+                && p.chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+        };
+        if s.table.split('.').count() > 2 || !s.table.split('.').all(plain) {
+            return Err(invalid(format!(
+                "source.table = {:?}: use `table` or `schema.table`, each a plain SQL identifier \
+                 ([A-Za-z_][A-Za-z0-9_$]*, at most 63 bytes); names are used exactly as written \
+                 (case-sensitive, as if double-quoted)",
+                s.table
+            )));
         }
         s.columns.resolve()?;
         crate::relay::tls::validate(s.tls()).map_err(invalid)?;

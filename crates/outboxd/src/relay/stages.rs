@@ -278,7 +278,7 @@ impl Stages {
         if event.headers.is_some() {
             if let Err(e) = event.for_each_header(|_, _| {}) {
                 let rec = self.record_of(&event);
-                return self.park(rec, "invalid_event", &e.to_string()).await;
+                return self.park(rec, e.class(), &e.to_string()).await;
             }
         }
         if let Some(v) = self.validator.as_mut() {

@@ -30,6 +30,44 @@ pub enum RouteError {
     NotUtf8(&'static str),
     #[error("headers column is not a JSON object of strings: {0}")]
     BadHeaders(String),
+    /// A row may not set a header the relay derives from its columns: consumers deduplicate
+    /// and order by them, so a spoofed `event_id` or `aggregate_version` would defeat both.
+    #[error("headers column sets `{0}`, which outboxd derives from the row's columns ({RESERVED}); a row may not override the event's identity: rename the header")]
+    ReservedHeader(String),
+}
+
+/// The header names outboxd sets itself, from the row's columns: the wire contract, the same
+/// list as `outboxd_outbox::RESERVED_HEADERS` (writer side) and the inbox's protocol headers.
+pub const RESERVED_HEADERS: [&str; 6] = [
+    "event_id",
+    "event_type",
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_version",
+    "schema_version",
+];
+const RESERVED: &str =
+    "event_id, event_type, aggregate_type, aggregate_id, aggregate_version, schema_version";
+
+/// Is `name` one of [`RESERVED_HEADERS`], in any letter case (some consumer frameworks look
+/// header names up case-insensitively)?
+pub fn is_reserved_header(name: &str) -> bool {
+    RESERVED_HEADERS
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
+}
+
+impl RouteError {
+    /// The poison class of a row that cannot be routed (`outbox_parked.error_class`, metrics).
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::ReservedHeader(_) => "reserved_header",
+            Self::MissingColumn { .. }
+            | Self::NullField(_)
+            | Self::NotUtf8(_)
+            | Self::BadHeaders(_) => "invalid_event",
+        }
+    }
 }
 
 /// Where each event field sits in the tuple of the current Relation.
@@ -191,6 +229,9 @@ impl Event<'_> {
         if let Some(h) = self.headers {
             let map: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(h).map_err(|e| RouteError::BadHeaders(e.to_string()))?;
+            if let Some(k) = map.keys().find(|k| is_reserved_header(k)) {
+                return Err(RouteError::ReservedHeader(k.clone()));
+            }
             for (k, v) in &map {
                 match v {
                     serde_json::Value::String(s) => f(k, s.as_bytes()),

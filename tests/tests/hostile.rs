@@ -1,0 +1,172 @@
+//! Hostile input (issue 15): rows, names and repairs written by someone who wants to bend the
+//! relay, or by a careless operator. Each test failed before its fix.
+
+use outboxd_tests::*;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// A row whose `headers` column sets the relay's own header names would replace the event's
+/// identity for consumers (the inbox used to keep the last value it saw): such a row is parked
+/// as `reserved_header`, later events of its aggregate wait behind it, and nothing spoofed ever
+/// reaches the topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_cannot_spoof_the_relays_headers() -> anyhow::Result<()> {
+    let env = Env::start("hostile_headers").await?;
+    let relay = Relay::start(env.config()?);
+    let c = env.sql().await?;
+    let spoofed = Uuid::nil().to_string();
+    let insert = "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                  event_type, payload, headers) VALUES ($1, 'acct', $2, $3, 'Deposited', '{}', $4::text::jsonb)";
+    // Every reserved name, in any letter case, is refused; other headers pass.
+    let mut bad = Vec::new();
+    for (i, name) in [
+        "event_id",
+        "aggregate_version",
+        "Event_Type",
+        "AGGREGATE_ID",
+        "aggregate_type",
+        "schema_version",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let id = Uuid::now_v7();
+        let headers = format!(r#"{{"traceparent": "00-1", "{name}": "{spoofed}"}}"#);
+        let agg = format!("H{i}");
+        c.execute(insert, &[&id, &agg, &1i64, &headers]).await?;
+        // The aggregate's next event is held behind the parked one.
+        c.execute(
+            insert,
+            &[&Uuid::now_v7(), &agg, &2i64, &r#"{"n": "2"}"#.to_string()],
+        )
+        .await?;
+        bad.push(id.to_string());
+    }
+    let good = Uuid::now_v7();
+    c.execute(
+        insert,
+        &[
+            &good,
+            &"G",
+            &1i64,
+            &r#"{"traceparent": "00-2"}"#.to_string(),
+        ],
+    )
+    .await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+
+    let rows = c
+        .query(
+            "SELECT event_id, state, error_class, error_message FROM outbox_parked ORDER BY id",
+            &[],
+        )
+        .await?;
+    let parked: Vec<(String, String, String, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(parked.len(), 12, "{parked:?}");
+    for (id, state, class, message) in parked.iter().filter(|p| p.1 == "parked") {
+        assert!(bad.contains(id), "{id} {state}");
+        assert_eq!(class, "reserved_header");
+        assert!(message.contains("may not override"), "{message}");
+    }
+    assert_eq!(parked.iter().filter(|p| p.1 == "blocked").count(), 6);
+
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.acct",
+        1,
+        Duration::from_secs(20),
+    )?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].header("event_id"), good.to_string());
+    assert_eq!(recs[0].header("traceparent"), "00-2");
+    // The parked records keep the row's identity, never the spoofed one.
+    let stored = c
+        .query(
+            "SELECT count(*) FROM outbox_parked WHERE headers::text LIKE '%' || $1 || '%'",
+            &[&spoofed],
+        )
+        .await?;
+    assert_eq!(stored[0].get::<_, i64>(0), 0);
+    relay.shutdown().await?;
+    Ok(())
+}
+
+/// `source.table` is spliced into DDL (`init`) and recovery queries: a name that is not a plain
+/// identifier is refused before anything runs, and a mixed-case schema and table work end to
+/// end, because every use quotes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_names_cannot_inject_sql_and_odd_case_works() -> anyhow::Result<()> {
+    let env = Env::start("hostile_names").await?;
+    let c = env.sql().await?;
+    c.batch_execute("CREATE TABLE victim (id int); CREATE SCHEMA \"Billing\"")
+        .await?;
+    let with_table = |table: &str, publication: &str| {
+        env.toml()
+            .replace(
+                "status_interval_ms = 200",
+                &format!(
+                    "status_interval_ms = 200\ntable = {table:?}\npublication = \"{publication}\""
+                ),
+            )
+            .replace(
+                &format!("slot = \"{}\"", env.slot),
+                &format!("slot = \"{}_odd\"", env.slot),
+            )
+    };
+    let file = env.dir.path().join("hostile.toml");
+    for table in [
+        "public.i ON victim (id); DROP TABLE victim; CREATE INDEX j",
+        "public.\"outbox\"",
+        "a.b.c",
+        "",
+        "public.",
+    ] {
+        std::fs::write(&file, with_table(table, "odd_pub"))?;
+        for cmd in ["init", "check", "run"] {
+            let (code, out) = outboxd_cli(&[cmd], &file);
+            assert_ne!(code, 0, "{cmd} accepted {table:?}: {out}");
+            assert!(
+                out.contains("plain SQL identifier"),
+                "{cmd} {table:?}: {out}"
+            );
+        }
+    }
+    let victim: i64 = c
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'victim'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(victim, 1, "the victim table was dropped");
+
+    // Mixed case, used exactly as written.
+    std::fs::write(&file, with_table("Billing.Outbox_Events", "billing_pub"))?;
+    let (code, out) = outboxd_cli(&["init"], &file);
+    assert_eq!(code, 0, "{out}");
+    let id = Uuid::now_v7();
+    c.execute(
+        "INSERT INTO \"Billing\".\"Outbox_Events\" (event_id, aggregate_type, aggregate_id, \
+         aggregate_version, event_type, payload) VALUES ($1, 'acct', 'B-1', 1, 'Billed', '{}')",
+        &[&id],
+    )
+    .await?;
+    let cfg = outboxd::Config::from_toml_and_env(
+        &with_table("Billing.Outbox_Events", "billing_pub"),
+        Vec::<(String, String)>::new(),
+    )?;
+    let relay = Relay::start(cfg);
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.acct",
+        1,
+        Duration::from_secs(30),
+    )?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].header("event_id"), id.to_string());
+    relay.shutdown().await?;
+    Ok(())
+}
