@@ -52,3 +52,10 @@ CREATE TABLE IF NOT EXISTS public.outbox_parked_audit (
     new_payload bytea,
     at          timestamptz NOT NULL DEFAULT now()
 );
+
+-- Added later (idempotent upgrades of existing installs; `outboxd init` and the relay apply them):
+-- the audit row of the operator's current retry request. The relay releases a `retry` row only
+-- when it names a `retry` audit row of the same event: a bare UPDATE of `state` publishes nothing.
+ALTER TABLE public.outbox_parked ADD COLUMN IF NOT EXISTS retry_audit_id bigint;
+-- The database role that made the change (`operator` is what the person typed).
+ALTER TABLE public.outbox_parked_audit ADD COLUMN IF NOT EXISTS db_user text NOT NULL DEFAULT session_user;

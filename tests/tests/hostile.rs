@@ -170,3 +170,138 @@ async fn table_names_cannot_inject_sql_and_odd_case_works() -> anyhow::Result<()
     relay.shutdown().await?;
     Ok(())
 }
+
+/// `outbox_parked` used to be a publish-anything door: the relay republished any row in state
+/// `retry` as stored (any topic, key, headers). Now a release needs its operator's audit row,
+/// goes through the live router (topic template, identity from the columns) and the schema
+/// check; a corrected payload is validated before anything changes; the audit records the
+/// database role; and a row that cannot be routed can still be resolved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_parked_rows_publish_nothing_and_repairs_use_the_live_router() -> anyhow::Result<()>
+{
+    let mut env = Env::start("hostile_parked").await?;
+    let schemas = env.dir.path().join("schemas");
+    std::fs::create_dir_all(schemas.join("Deposited"))?;
+    std::fs::write(
+        schemas.join("Deposited/1.json"),
+        r#"{"type": "object", "required": ["amount"], "properties": {"amount": {"type": "integer", "minimum": 1}}}"#,
+    )?;
+    env.extra_toml = format!("[validation]\nschema_dir = \"{}\"\n", schemas.display());
+    let env_toml = env
+        .toml()
+        .replace("[relay]\n", "[relay]\nrepair_interval_ms = 200\n");
+    let cfg = env.dir.path().join("parked.toml");
+    std::fs::write(&cfg, &env_toml)?;
+    let relay = Relay::start(outboxd::Config::from_toml_and_env(
+        &env_toml,
+        Vec::<(String, String)>::new(),
+    )?);
+    let c = env.sql().await?;
+    let insert = "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                  event_type, payload) VALUES ($1, 'acct', 'P', $2, 'Deposited', $3::text::jsonb)";
+    let (a1, a2) = (Uuid::now_v7(), Uuid::now_v7());
+    c.execute(insert, &[&a1, &1i64, &r#"{"amount": -5}"#.to_string()])
+        .await?;
+    c.execute(insert, &[&a2, &2i64, &r#"{"amount": 5}"#.to_string()])
+        .await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+
+    // Forgeries: a row in state retry with no audit row, and the parked head tampered with.
+    c.batch_execute(&format!(
+        "INSERT INTO outbox_parked (slot, event_id, aggregate_type, aggregate_id, event_type, topic, \
+           record_key, payload, headers, state, error_class, error_message) \
+         VALUES ('{slot}', 'forged-1', 'acct', 'F', 'Deposited', 'evil.topic', 'k', '{{\"amount\": 1}}', \
+           '[[\"event_id\", \"forged\"]]', 'retry', 'x', 'x'); \
+         INSERT INTO outbox_parked (slot, event_id, event_type, payload, state, error_class, error_message) \
+         VALUES ('{slot}', 'forged-2', 'Deposited', '{{}}', 'parked', 'invalid_event', 'x'); \
+         UPDATE outbox_parked SET topic = 'evil.topic', record_key = 'evil', \
+           headers = '[[\"event_id\", \"00000000-0000-0000-0000-000000000000\"], [\"aggregate_version\", \"99\"], [\"traceparent\", \"00-7\"]]' \
+         WHERE event_id = '{a1}'",
+        slot = env.slot
+    ))
+    .await?;
+    // A repair role of its own: the audit names it.
+    c.batch_execute(
+        "CREATE ROLE repairer LOGIN PASSWORD 'repair-pw'; \
+         GRANT SELECT, UPDATE ON outbox_parked TO repairer; \
+         GRANT SELECT, INSERT ON outbox_parked_audit TO repairer; \
+         GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO repairer; \
+         GRANT SELECT, INSERT, UPDATE ON outboxd_status TO repairer",
+    )
+    .await?;
+    let repair_dsn = env.pg.dsn(&env.db).replace(
+        &format!("postgres:{}", outboxd_tests::testkit::PG_PASSWORD),
+        "repairer:repair-pw",
+    );
+
+    let bad = env.dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"amount": 0}"#)?;
+    let a1s = a1.to_string();
+    let retry = |payload: &std::path::Path| {
+        outboxd_cli(
+            &[
+                "parked",
+                "retry",
+                &a1s,
+                "--payload",
+                payload.to_str().unwrap(),
+                "--operator",
+                "alice",
+                "--reason",
+                "fix amount",
+                "--dsn",
+                &repair_dsn,
+            ],
+            &cfg,
+        )
+    };
+    let (code, out) = retry(&bad);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("fails the event's schema"), "{out}");
+    // Unroutable: cannot be retried, but can be discarded.
+    let (code, out) = outboxd_cli(&["parked", "retry", "forged-2", "--reason", "r"], &cfg);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("cannot be routed"), "{out}");
+    let (code, out) = outboxd_cli(&["parked", "discard", "forged-2", "--reason", "junk"], &cfg);
+    assert_eq!(code, 0, "{out}");
+
+    let good = env.dir.path().join("good.json");
+    std::fs::write(&good, r#"{"amount": 7}"#)?;
+    let (code, out) = retry(&good);
+    assert_eq!(code, 0, "{out}");
+    let mut recs = Vec::new();
+    for _ in 0..30 {
+        recs = read_topic(
+            &env.bootstrap(),
+            "outbox.event.acct",
+            2,
+            Duration::from_secs(2),
+        )?;
+        if recs.len() >= 2 {
+            break;
+        }
+    }
+    // The head, then the event held behind it; the forged retry row stays where it is.
+    let ids: Vec<&str> = recs.iter().map(|r| r.header("event_id")).collect();
+    assert_eq!(ids, [a1.to_string(), a2.to_string()], "{recs:?}");
+    assert_eq!(recs[0].header("aggregate_version"), "1");
+    assert_eq!(recs[0].header("traceparent"), "00-7");
+    assert_eq!(recs[0].key, b"P");
+    assert_eq!(recs[0].value, br#"{"amount": 7}"#);
+    assert!(read_topic(&env.bootstrap(), "evil.topic", 0, Duration::from_secs(2))?.is_empty());
+    let forged: String = c
+        .query_one(
+            "SELECT state FROM outbox_parked WHERE event_id = 'forged-1'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(forged, "retry", "released without an audit row");
+    let (_, out) = outboxd_cli(&["parked", "show", &a1s], &cfg);
+    assert!(
+        out.contains("retry by alice (database role repairer)"),
+        "{out}"
+    );
+    relay.shutdown().await?;
+    Ok(())
+}

@@ -42,9 +42,31 @@ fn promql_str(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
+/// Escapes RE2 metacharacters, so an event type is matched literally inside `=~`/`!~`
+/// (`Order.Placed` must not also match `OrderXPlaced`, nor `a|b` split the alternation).
+fn regex_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Escapes a YAML double-quoted scalar.
 fn yaml_str(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    let escaped: String = s
+        .chars()
+        .map(|c| match c {
+            '\\' => "\\\\".to_string(),
+            '"' => "\\\"".to_string(),
+            c if c.is_control() => format!("\\u{:04x}", c as u32),
+            c => c.to_string(),
+        })
+        .collect();
+    format!("\"{escaped}\"")
 }
 
 struct Rule {
@@ -78,7 +100,7 @@ pub fn rules(cfg: &AlertsConfig) -> String {
         let listed: Vec<String> = budgets
             .keys()
             .filter(|t| *t != "default")
-            .map(|t| promql_str(t))
+            .map(|t| promql_str(&regex_literal(t)))
             .collect();
         let selector = if listed.is_empty() {
             String::new()
@@ -221,5 +243,11 @@ mod tests {
                 assert!(known.contains(&word), "rule uses unknown metric {word}");
             }
         }
+    }
+
+    #[test]
+    fn event_types_are_matched_literally() {
+        assert_eq!(regex_literal("Order.Placed|x"), r"Order\.Placed\|x");
+        assert_eq!(yaml_str("a\"b\nc"), r#""a\"b\u000ac""#);
     }
 }

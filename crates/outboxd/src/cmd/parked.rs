@@ -15,47 +15,103 @@ use std::path::PathBuf;
 pub enum ParkedCmd {
     /// Parked, blocked and retrying events (`--all` includes delivered and discarded ones).
     List {
+        /// Include resolved events (delivered, discarded).
         #[arg(long)]
         all: bool,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        repair: RepairDsn,
     },
-    /// One parked event, with its error and its record.
-    Show { event_id: String },
-    /// Republish with the same event_id, optionally with a corrected payload (JSON file).
-    Retry {
+    /// One parked event, with its error, its record and its audit trail.
+    Show {
+        /// The event's event_id (see `outboxd parked list`).
         event_id: String,
+        #[command(flatten)]
+        repair: RepairDsn,
+    },
+    /// Republish with the same event_id, optionally with a corrected payload (JSON file).
+    ///
+    /// The running relay republishes it through the live router: topic from the topic template,
+    /// identity headers from the row's columns, the payload checked against its JSON Schema.
+    Retry {
+        /// The parked event's event_id.
+        event_id: String,
+        /// A JSON file with the corrected payload (validated against the event's schema).
         #[arg(long)]
         payload: Option<PathBuf>,
+        /// Who asks (recorded in the audit row beside the database role).
         #[arg(long, env = "USER", default_value = "unknown")]
         operator: String,
+        /// Why (recorded in the audit row).
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        repair: RepairDsn,
     },
     /// Give up on an event; requires a reason; audited; events held behind it are released.
+    ///
+    /// Works in every open state: parked, waiting for its retry, or held behind another event.
     Discard {
+        /// The event's event_id.
         event_id: String,
+        /// Who decides (recorded in the audit row beside the database role).
         #[arg(long, env = "USER", default_value = "unknown")]
         operator: String,
+        /// Why (recorded in the audit row).
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        repair: RepairDsn,
     },
 }
 
+/// The connection of a repair: the operator's own database role, so the audit records who
+/// really made the change (`session_user`), not the relay's.
+#[derive(clap::Args, Debug, Default)]
+pub struct RepairDsn {
+    /// Connect as this role instead of source.dsn's (recommended: a repair role, see
+    /// sql/roles.sql and docs/operations.md).
+    #[arg(long = "dsn", env = "OUTBOXD_REPAIR_DSN", hide_env_values = true)]
+    pub dsn: Option<String>,
+}
+
+impl ParkedCmd {
+    fn repair(&self) -> &RepairDsn {
+        match self {
+            Self::List { repair, .. }
+            | Self::Show { repair, .. }
+            | Self::Retry { repair, .. }
+            | Self::Discard { repair, .. } => repair,
+        }
+    }
+}
+
 pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
+    let mut cfg = cfg.clone();
+    if let Some(dsn) = &cmd.repair().dsn {
+        cfg.source.dsn = dsn.clone();
+        cfg.source.password = None;
+    }
+    let cfg = &cfg;
     let mut sql = source::sql_connect(cfg).await?;
     store::ensure_tables(&sql).await?;
     crate::obs::status_row::ensure_table(&sql).await?;
     let slot = &cfg.source.slot;
     match cmd {
-        ParkedCmd::List { all, json } => list(&sql, slot, all, json).await,
-        ParkedCmd::Show { event_id } => show(&sql, slot, &event_id).await,
+        ParkedCmd::List { all, json, .. } => list(&sql, slot, all, json).await,
+        ParkedCmd::Show { event_id, .. } => show(&sql, slot, &event_id).await,
         ParkedCmd::Retry {
             event_id,
             payload,
             operator,
             reason,
+            ..
         } => {
+            if reason.trim().is_empty() {
+                return Err(RelayError::Setup("retry needs a --reason".into()));
+            }
             let new_payload = match payload {
                 None => None,
                 Some(p) => {
@@ -65,6 +121,7 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
                     let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
                         RelayError::Setup(format!("{} is not JSON: {e}", p.display()))
                     })?;
+                    validate(cfg, &sql, slot, &event_id, &v).await?;
                     Some(v)
                 }
             };
@@ -74,8 +131,17 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
                 operator: &operator,
                 reason: &reason,
             };
-            if !operator::request_retry(&mut sql, &req, new_payload.as_ref()).await? {
-                return Err(not_parked(&event_id));
+            match operator::request_retry(&mut sql, &req, new_payload.as_ref()).await? {
+                operator::RetryOutcome::Requested => {}
+                operator::RetryOutcome::NotParked => return Err(not_parked(&event_id)),
+                operator::RetryOutcome::Unroutable(field) => {
+                    return Err(RelayError::Setup(format!(
+                        "{event_id} has no {field}, so it cannot be routed or republished: \
+                         discard it (`outboxd parked discard {event_id} --reason …`; events held \
+                         behind it are then released) and, if it is needed, write a corrected \
+                         event to the outbox"
+                    )))
+                }
             }
             Ok(format!(
                 "retry of {event_id} requested by {operator}; the running relay republishes it with the same event_id{}",
@@ -86,6 +152,7 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
             event_id,
             operator,
             reason,
+            ..
         } => {
             if reason.trim().is_empty() {
                 return Err(RelayError::Setup("discard needs a --reason".into()));
@@ -106,10 +173,63 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
     }
 }
 
+/// A corrected payload must pass the event's JSON Schema (when `[validation]` has one), as the
+/// live path would demand; the relay checks it again when it republishes.
+async fn validate(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    event_id: &str,
+    payload: &serde_json::Value,
+) -> Result<(), RelayError> {
+    let Some(dir) = &cfg.validation.schema_dir else {
+        return Ok(());
+    };
+    let d = operator::show(sql, slot, event_id)
+        .await?
+        .ok_or_else(|| not_parked(event_id))?;
+    let schema_version = d
+        .headers
+        .as_deref()
+        .and_then(|h| serde_json::from_str::<Vec<(String, String)>>(h).ok())
+        .and_then(|hs| hs.into_iter().find(|(k, _)| k == "schema_version"))
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| "1".into());
+    let bytes = serde_json::to_vec(payload).unwrap_or_default();
+    crate::poison::validate::Validator::new(dir)
+        .check(
+            d.event_type.as_deref().unwrap_or(""),
+            &schema_version,
+            &bytes,
+        )
+        .map_err(|m| {
+            RelayError::Setup(format!(
+                "the corrected payload fails the event's schema, nothing changed: {m}"
+            ))
+        })
+}
+
 fn not_parked(event_id: &str) -> RelayError {
     RelayError::Setup(format!(
-        "no parked event {event_id} for this slot (see `outboxd parked list`)"
+        "no open parked event {event_id} for this slot (see `outboxd parked list`)"
     ))
+}
+
+/// Text from the table as the terminal may show it: control characters (escape sequences
+/// written into a payload or an aggregate id by whoever wrote the row) are escaped, never sent.
+fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 async fn list(
@@ -141,14 +261,14 @@ async fn list(
     for r in &rows {
         out.push_str(&format!(
             "{:<36}  {:<9}  {:<20}  {:<24}  {:>7}  {:<14}  {:>3}  {}\n",
-            r.event_id,
+            printable(&r.event_id),
             r.state,
-            r.event_type,
-            format!("{}/{}", r.aggregate_type, r.aggregate_id),
+            printable(&r.event_type),
+            printable(&format!("{}/{}", r.aggregate_type, r.aggregate_id)),
             r.aggregate_version
                 .map(|v| v.to_string())
                 .unwrap_or_default(),
-            r.error_class,
+            printable(&r.error_class),
             r.attempts,
             r.first_seen,
         ));
@@ -165,17 +285,19 @@ async fn show(
     let d = operator::show(sql, slot, event_id)
         .await?
         .ok_or_else(|| not_parked(event_id))?;
-    let o = |v: &Option<String>| v.clone().unwrap_or_default();
+    let o = |v: &Option<String>| printable(v.as_deref().unwrap_or_default());
     let mut out = format!(
-        "event_id:      {event_id}\nstate:         {}\nevent_type:    {}\naggregate:     {}/{} v{}\ntopic:         {}\nerror:         [{}] {}\nattempts:      {}\nfirst_seen:    {}\nlast_seen:     {}\nblocked_by:    {}\nheaders:       {}\npayload:       {}\n",
-        d.state, o(&d.event_type), o(&d.aggregate_type), o(&d.aggregate_id),
+        "event_id:      {}\nstate:         {}\nevent_type:    {}\naggregate:     {}/{} v{}\ntopic:         {}\nerror:         [{}] {}\nattempts:      {}\nfirst_seen:    {}\nlast_seen:     {}\nblocked_by:    {}\nheaders:       {}\npayload:       {}\n",
+        printable(event_id), d.state, o(&d.event_type), o(&d.aggregate_type), o(&d.aggregate_id),
         d.aggregate_version.map(|v| v.to_string()).unwrap_or_default(),
-        o(&d.topic), d.error_class, d.error_message, d.attempts,
+        o(&d.topic), printable(&d.error_class), printable(&d.error_message), d.attempts,
         d.first_seen, d.last_seen, o(&d.blocked_by), o(&d.headers), o(&d.payload),
     );
     for (at, action, operator, reason) in &d.audit {
         out.push_str(&format!(
-            "audit:         {at} {action} by {operator}: {reason}\n"
+            "audit:         {at} {action} by {}: {}\n",
+            printable(operator),
+            printable(reason)
         ));
     }
     Ok(out)

@@ -399,8 +399,9 @@ impl Config {
 }
 
 /// `OUTBOXD_*` variables that are not config overrides (CLI, tests, demo, dev tooling).
-const NOT_CONFIG: [&str; 6] = [
+const NOT_CONFIG: [&str; 7] = [
     "CONFIG",
+    "REPAIR_DSN",
     "FAILPOINTS",
     "PG_BIN",
     "TANSU",

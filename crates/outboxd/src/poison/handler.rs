@@ -8,7 +8,9 @@ use crate::fail;
 use crate::obs::Observed;
 use crate::poison::policy::{OnPoison, Ordering, PolicyConfig};
 use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
+use crate::poison::validate::Validator;
 use crate::relay::kafka::{Producer, Verdict};
+use crate::relay::route::{release, TopicTemplate};
 use crate::relay::source::sql_bounded;
 use std::sync::Arc;
 use tokio_postgres::Client;
@@ -29,6 +31,10 @@ pub struct PoisonHandler {
     blocked: Blocked,
     releasing: Option<Releasing>,
     observed: Arc<Observed>,
+    /// The live path's topic template and schema checks, applied again to released events.
+    topic: TopicTemplate,
+    topic_buf: String,
+    validator: Option<Validator>,
 }
 
 impl PoisonHandler {
@@ -46,6 +52,9 @@ impl PoisonHandler {
             blocked,
             releasing: None,
             observed,
+            topic: TopicTemplate::parse(&cfg.sink.topic)?,
+            topic_buf: String::new(),
+            validator: cfg.validation.schema_dir.as_ref().map(Validator::new),
         })
     }
 
@@ -168,6 +177,27 @@ impl PoisonHandler {
         let Some(r) = parking::next_release(sql, &self.slot).await? else {
             return Ok(());
         };
+        // Never as stored: through the live router and the schema checks (see route::release).
+        let record = match release::rebuild(&r.record, &self.topic, &mut self.topic_buf) {
+            Err(e) => Err((e.class(), e.to_string())),
+            Ok((record, schema_version)) => {
+                let checked = match (&mut self.validator, &record.payload, &record.event_type) {
+                    (Some(v), Some(p), Some(t)) => v.check(t, &schema_version, p),
+                    _ => Ok(()),
+                };
+                checked.map(|()| record).map_err(|m| ("schema_invalid", m))
+            }
+        };
+        let record = match record {
+            Ok(record) => record,
+            Err((class, message)) => {
+                // It stays parked (and holds its aggregate) with the reason; the next tick
+                // goes on with the next release.
+                parking::mark_failed(sql, r.id, class, &message).await?;
+                tracing::error!(event_id = %r.record.event_id, class, "parked event not released: {message}");
+                return Ok(());
+            }
+        };
         self.releasing = Some(Releasing {
             id: r.id,
             event_id: r.record.event_id.clone(),
@@ -175,7 +205,7 @@ impl PoisonHandler {
             aggregate_id: r.record.aggregate_id.clone(),
         });
         // Its verdict, a synchronous refusal included, arrives as an Ack.
-        producer.send_parked(&r.record, r.id).await;
+        producer.send_parked(&record, r.id).await;
         Ok(())
     }
 

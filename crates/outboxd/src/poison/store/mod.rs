@@ -26,21 +26,24 @@ pub enum ParkState {
     Blocked,
 }
 
-/// Creates the parking tables (and the audit's) when missing (idempotent).
+/// Creates the parking tables (and the audit's) when missing, and adds the columns later
+/// versions need (idempotent; a no-op query when everything is there).
 pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
-    let exists: bool = sql
+    let current: bool = sql
         .query_one(
-            "SELECT to_regclass('public.outbox_parked') IS NOT NULL",
+            "SELECT count(*) = 2 FROM information_schema.columns \
+             WHERE table_schema = 'public' AND ((table_name = 'outbox_parked' AND column_name = 'retry_audit_id') \
+                OR (table_name = 'outbox_parked_audit' AND column_name = 'db_user'))",
             &[],
         )
         .await?
         .get(0);
-    if exists {
+    if current {
         return Ok(());
     }
     sql.batch_execute(PARKED_SQL).await.map_err(|e| {
         RelayError::Setup(format!(
-            "cannot create outbox_parked ({}): run `outboxd init` as a role that may create tables",
+            "cannot create or upgrade outbox_parked ({}): run `outboxd init` as a role that may create and alter tables",
             RelayError::from(e)
         ))
     })
@@ -124,17 +127,22 @@ pub struct Release {
     pub record: ParkedRecord,
 }
 
-/// The oldest row that may be published now: asked to be retried, or blocked behind a head that
-/// is no longer parked. One at a time, in stream order.
+/// The oldest row that may be published now: asked to be retried (with its audit row), or
+/// blocked behind a head that is neither parked nor waiting for its own retry. One at a time,
+/// in stream order. A `retry` row whose audit row is missing is never released, and holds its
+/// aggregate like a parked one.
 pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, RelayError> {
     let row = sql
         .query_opt(
             "SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic, \
                     record_key, payload, headers, record_ts_ms \
              FROM outbox_parked p \
-             WHERE slot = $1 AND state IN ('retry', 'blocked') AND topic IS NOT NULL \
+             WHERE slot = $1 \
+               AND (state = 'blocked' OR (state = 'retry' AND EXISTS (SELECT 1 FROM outbox_parked_audit a \
+                   WHERE a.id = p.retry_audit_id AND a.slot = p.slot AND a.event_id = p.event_id \
+                     AND a.action = 'retry'))) \
                AND NOT EXISTS (SELECT 1 FROM outbox_parked h \
-                   WHERE h.slot = p.slot AND h.id < p.id AND h.state = 'parked' AND h.blocks_aggregate \
+                   WHERE h.slot = p.slot AND h.id < p.id AND h.state IN ('parked', 'retry') AND h.blocks_aggregate \
                      AND h.aggregate_type IS NOT DISTINCT FROM p.aggregate_type \
                      AND h.aggregate_id IS NOT DISTINCT FROM p.aggregate_id) \
              ORDER BY id LIMIT 1",
@@ -182,7 +190,7 @@ pub async fn mark_failed(
 ) -> Result<(), RelayError> {
     sql.execute(
         "UPDATE outbox_parked SET state = 'parked', attempts = attempts + 1, last_seen = now(), \
-           error_class = $2, error_message = $3 WHERE id = $1",
+           error_class = $2, error_message = $3, retry_audit_id = NULL WHERE id = $1",
         &[&id, &class, &message],
     )
     .await?;

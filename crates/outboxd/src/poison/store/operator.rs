@@ -83,7 +83,7 @@ pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Det
     };
     let audit = sql
         .query(
-            "SELECT at::text, action, operator, reason FROM outbox_parked_audit \
+            "SELECT at::text, action, operator || ' (database role ' || db_user || ')', reason FROM outbox_parked_audit \
              WHERE slot = $1 AND event_id = $2 ORDER BY id",
             &[&slot, &event_id],
         )
@@ -118,13 +118,26 @@ pub struct Request<'a> {
     pub reason: &'a str,
 }
 
+/// What became of a retry request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RetryOutcome {
+    /// Marked for the running relay, with its audit row.
+    Requested,
+    /// No parked event with that id for this slot.
+    NotParked,
+    /// The row lacks a field the router needs (it was parked because it could not be routed):
+    /// republishing it cannot work; discard it instead.
+    Unroutable(&'static str),
+}
+
 /// Marks a parked event for republishing (optionally with a corrected payload, stored as
-/// Postgres renders jsonb). `false`: no such parked event.
+/// Postgres renders jsonb), in one transaction with its audit row, which the row then names
+/// (`retry_audit_id`): the relay releases nothing without it.
 pub async fn request_retry(
     sql: &mut Client,
     r: &Request<'_>,
     payload: Option<&serde_json::Value>,
-) -> Result<bool, RelayError> {
+) -> Result<RetryOutcome, RelayError> {
     let new_payload: Option<Vec<u8>> = match payload {
         None => None,
         Some(v) => {
@@ -135,38 +148,54 @@ pub async fn request_retry(
     let tx = sql.transaction().await?;
     let Some(row) = tx
         .query_opt(
-            "SELECT payload FROM outbox_parked WHERE slot = $1 AND event_id = $2 AND state = 'parked' FOR UPDATE",
+            "SELECT payload, aggregate_type IS NULL, aggregate_id IS NULL, event_type IS NULL \
+             FROM outbox_parked WHERE slot = $1 AND event_id = $2 AND state = 'parked' FOR UPDATE",
             &[&r.slot, &r.event_id],
         )
         .await?
     else {
-        return Ok(false);
+        return Ok(RetryOutcome::NotParked);
     };
     let old: Option<Vec<u8>> = row.get(0);
+    for (i, field) in [
+        (1, "aggregate_type"),
+        (2, "aggregate_id"),
+        (3, "event_type"),
+    ] {
+        if row.get::<_, bool>(i) {
+            return Ok(RetryOutcome::Unroutable(field));
+        }
+    }
+    if old.is_none() && new_payload.is_none() {
+        return Ok(RetryOutcome::Unroutable("payload"));
+    }
+    let audit: i64 = tx
+        .query_one(
+            "INSERT INTO outbox_parked_audit (slot, event_id, action, operator, reason, old_payload, new_payload) \
+             VALUES ($1, $2, 'retry', $3, $4, $5, $6) RETURNING id",
+            &[&r.slot, &r.event_id, &r.operator, &r.reason, &new_payload.as_ref().map(|_| old), &new_payload],
+        )
+        .await?
+        .get(0);
     tx.execute(
-        "UPDATE outbox_parked SET state = 'retry', payload = coalesce($3, payload), last_seen = now() \
-         WHERE slot = $1 AND event_id = $2",
-        &[&r.slot, &r.event_id, &new_payload],
-    )
-    .await?;
-    tx.execute(
-        "INSERT INTO outbox_parked_audit (slot, event_id, action, operator, reason, old_payload, new_payload) \
-         VALUES ($1, $2, 'retry', $3, $4, $5, $6)",
-        &[&r.slot, &r.event_id, &r.operator, &r.reason, &new_payload.as_ref().map(|_| old), &new_payload],
+        "UPDATE outbox_parked SET state = 'retry', payload = coalesce($3, payload), last_seen = now(), \
+           retry_audit_id = $4 WHERE slot = $1 AND event_id = $2",
+        &[&r.slot, &r.event_id, &new_payload, &audit],
     )
     .await?;
     tx.commit().await?;
-    Ok(true)
+    Ok(RetryOutcome::Requested)
 }
 
-/// Gives up on a parked event; events held behind it are then released. `false`: no such
-/// parked event.
+/// Gives up on an open event (parked, waiting for its retry, or held behind another): every
+/// open state can be resolved. Events held behind it are then released. `false`: no such open
+/// event.
 pub async fn discard(sql: &mut Client, r: &Request<'_>) -> Result<bool, RelayError> {
     let tx = sql.transaction().await?;
     let n = tx
         .execute(
-            "UPDATE outbox_parked SET state = 'discarded', resolved_at = now() \
-             WHERE slot = $1 AND event_id = $2 AND state = 'parked'",
+            "UPDATE outbox_parked SET state = 'discarded', resolved_at = now(), retry_audit_id = NULL \
+             WHERE slot = $1 AND event_id = $2 AND state IN ('parked', 'retry', 'blocked')",
             &[&r.slot, &r.event_id],
         )
         .await?;

@@ -5,6 +5,7 @@
 //! definite error raised before anything past it is produced or confirmed.
 
 mod columns;
+pub(crate) mod release;
 
 use crate::relay::pgoutput::{Relation, Value};
 pub use columns::{ColumnNames, Columns, Preset};
