@@ -305,3 +305,63 @@ async fn forged_parked_rows_publish_nothing_and_repairs_use_the_live_router() ->
     relay.shutdown().await?;
     Ok(())
 }
+
+/// outboxd's own tables used to be named unqualified on the role's search_path: a schema earlier
+/// on it (or a `public` anyone may write, PG <= 14) could hold decoys the relay would use. Now
+/// every relay connection searches `source.relay_schema` alone, and `init` creates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_tables_live_in_their_schema_whatever_the_search_path() -> anyhow::Result<()> {
+    let env = Env::start("hostile_schema").await?;
+    let c = env.sql().await?;
+    c.batch_execute(&format!(
+        "CREATE SCHEMA shadow; \
+         CREATE TABLE shadow.outbox_parked (decoy int); \
+         CREATE TABLE shadow.outboxd_status (decoy int); \
+         CREATE TABLE shadow.outboxd_slot_state (decoy int); \
+         ALTER DATABASE {} SET search_path = shadow, public",
+        env.db
+    ))
+    .await?;
+    let toml = env.toml().replace(
+        "status_interval_ms = 200",
+        "status_interval_ms = 200\nrelay_schema = \"outboxd\"",
+    );
+    let file = env.dir.path().join("schema.toml");
+    std::fs::write(&file, &toml)?;
+    let (code, out) = outboxd_cli(&["init"], &file);
+    assert_eq!(code, 0, "{out}");
+    let relay = Relay::start(outboxd::Config::from_toml_and_env(
+        &toml,
+        Vec::<(String, String)>::new(),
+    )?);
+    let c = env.sql().await?; // a new session: the database's search_path applies
+    c.execute(
+        "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, aggregate_version, \
+         event_type, payload, headers) VALUES ($1, 'acct', 'S-1', 1, 'Deposited', '{}', \
+         '{\"event_id\": \"x\"}')",
+        &[&Uuid::now_v7()],
+    )
+    .await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+    let count = |q: &'static str| {
+        let c = &c;
+        async move { anyhow::Ok(c.query_one(q, &[]).await?.get::<_, i64>(0)) }
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM outboxd.outbox_parked").await?,
+        1
+    );
+    assert_eq!(count("SELECT count(*) FROM shadow.outbox_parked").await?, 0);
+    eventually(Duration::from_secs(20), || async {
+        Ok(count("SELECT count(*) FROM outboxd.outboxd_status").await? == 1)
+    })
+    .await?;
+    assert_eq!(
+        count("SELECT count(*) FROM outboxd.outboxd_slot_state").await?,
+        1
+    );
+    let (code, out) = outboxd_cli(&["parked", "list"], &file);
+    assert!(code == 0 && out.contains("reserved_header"), "{out}");
+    relay.shutdown().await?;
+    Ok(())
+}

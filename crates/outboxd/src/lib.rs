@@ -43,6 +43,7 @@ pub(crate) mod fail;
 pub mod obs;
 pub(crate) mod poison;
 pub(crate) mod relay;
+pub(crate) mod schema;
 pub(crate) mod slot;
 pub(crate) mod supervisor;
 

@@ -62,6 +62,12 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
         }
         done.push(format!("publication {} present", cfg.source.publication));
     }
+    // outboxd's own tables go to source.relay_schema (the connection's search_path).
+    sql.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {}",
+        quote_ident(&cfg.source.relay_schema)
+    ))
+    .await?;
     crate::poison::store::ensure_tables(&sql).await?;
     crate::obs::status_row::ensure_table(&sql).await?;
     done.push("tables outbox_parked, outbox_parked_audit and outboxd_status present".into());

@@ -40,7 +40,7 @@ pub async fn run(
             None => bail!("{}: pass --since TIME", l.reason),
         },
         (None, Decision::Create) => bail!(
-            "no delivery state for slot {name:?} (public.outboxd_slot_state): nothing records a \
+            "no delivery state for slot {name:?} (outboxd_slot_state, in source.relay_schema): nothing records a \
              gap; pass --since TIME to republish rows created since then"
         ),
         (None, _) => {

@@ -52,7 +52,7 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
         });
     let has_tables: bool = sql
         .query_one(
-            "SELECT to_regclass('public.outboxd_status') IS NOT NULL AND to_regclass('public.outbox_parked') IS NOT NULL",
+            "SELECT to_regclass('outboxd_status') IS NOT NULL AND to_regclass('outbox_parked') IS NOT NULL",
             &[],
         )
         .await?

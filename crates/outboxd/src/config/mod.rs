@@ -122,6 +122,11 @@ pub struct SourceConfig {
     /// Schema-qualified outbox table (`public.outbox`).
     #[serde(default = "d_table")]
     pub table: String,
+    /// Schema of outboxd's own tables (`outbox_parked`, `outbox_parked_audit`,
+    /// `outboxd_status`, `outboxd_slot_state`). The relay's SQL connections search only it
+    /// (after `pg_catalog`), so no other schema on a `search_path` can shadow them.
+    #[serde(default = "d_relay_schema")]
+    pub relay_schema: String,
     /// Create the slot at start-up when missing (`outboxd init` always creates it).
     #[serde(default = "d_true", deserialize_with = "lenient")]
     pub create_slot: bool,
@@ -260,6 +265,9 @@ fn d_slot() -> String {
 }
 fn d_table() -> String {
     "public.outbox".into()
+}
+fn d_relay_schema() -> String {
+    "public".into()
 }
 fn d_true() -> bool {
     true

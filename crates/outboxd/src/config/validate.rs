@@ -32,22 +32,21 @@ impl Config {
                 )));
             }
         }
-        // The name is spliced into DDL and recovery queries (a table name cannot be a bind
-        // parameter): only plain identifiers, quoted wherever they are used.
-        let plain = |p: &str| {
-            p.len() <= 63
-                && p.chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && p.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
-        };
-        if s.table.split('.').count() > 2 || !s.table.split('.').all(plain) {
+        // The names are spliced into DDL, queries and the connection's search_path (a name
+        // cannot be a bind parameter): only plain identifiers, quoted wherever they are used.
+        if s.table.split('.').count() > 2 || !s.table.split('.').all(plain_ident) {
             return Err(invalid(format!(
                 "source.table = {:?}: use `table` or `schema.table`, each a plain SQL identifier \
                  ([A-Za-z_][A-Za-z0-9_$]*, at most 63 bytes); names are used exactly as written \
                  (case-sensitive, as if double-quoted)",
                 s.table
+            )));
+        }
+        if !plain_ident(&s.relay_schema) {
+            return Err(invalid(format!(
+                "source.relay_schema = {:?}: use a plain SQL identifier ([A-Za-z_][A-Za-z0-9_$]*, \
+                 at most 63 bytes), used exactly as written",
+                s.relay_schema
             )));
         }
         s.columns.resolve()?;
@@ -100,4 +99,14 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `[A-Za-z_][A-Za-z0-9_$]*`, at most 63 bytes: safe to quote and splice.
+fn plain_ident(p: &str) -> bool {
+    p.len() <= 63
+        && p.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && p.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
 }

@@ -12,16 +12,13 @@ pub const STATUS_SQL: &str = include_str!("../../../../sql/040_outboxd_status.sq
 /// Creates the table when missing (idempotent).
 pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
     let exists: bool = sql
-        .query_one(
-            "SELECT to_regclass('public.outboxd_status') IS NOT NULL",
-            &[],
-        )
+        .query_one("SELECT to_regclass('outboxd_status') IS NOT NULL", &[])
         .await?
         .get(0);
     if exists {
         return Ok(());
     }
-    sql.batch_execute(STATUS_SQL).await.map_err(|e| {
+    sql.batch_execute(&crate::schema::unqualified(STATUS_SQL)).await.map_err(|e| {
         RelayError::Setup(format!(
             "cannot create outboxd_status ({}): run `outboxd init` as a role that may create tables",
             RelayError::from(e)

@@ -47,6 +47,16 @@ fn pg_config(cfg: &Config) -> Result<tokio_postgres::Config, RelayError> {
         pg.password(pw);
     }
     pg.application_name("outboxd");
+    // Unqualified names of outboxd's own tables resolve to source.relay_schema only:
+    // pg_catalog is searched first implicitly (no function can be shadowed), and no schema of
+    // the role's default path (a writable `public` on PG <= 14, "$user") can pre-empt them.
+    // New relay tables are created there too (the first schema of the path).
+    let path = format!("-c search_path={}", quote_ident(&cfg.source.relay_schema));
+    let options = match pg.get_options() {
+        Some(o) if !o.trim().is_empty() => format!("{o} {path}"),
+        _ => path,
+    };
+    pg.options(&options);
     Ok(pg)
 }
 

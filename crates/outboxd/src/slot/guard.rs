@@ -115,7 +115,7 @@ impl std::fmt::Display for LossReason {
             Self::InvalidatedWithoutState(why) => write!(
                 f,
                 "the replication slot was invalidated ({why}) and outboxd has no delivery state \
-                 for it (public.outboxd_slot_state), so nothing says where the gap starts"
+                 for it (outboxd_slot_state, in source.relay_schema), so nothing says where the gap starts"
             ),
             Self::Manual => write!(f, "recovery requested by an operator"),
         }

@@ -51,10 +51,7 @@ pub struct Recorded {
 /// Whether the table exists (read-only commands report "no state" instead of creating it).
 pub async fn table_exists(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
-        .query_one(
-            "SELECT to_regclass('public.outboxd_slot_state') IS NOT NULL",
-            &[],
-        )
+        .query_one("SELECT to_regclass('outboxd_slot_state') IS NOT NULL", &[])
         .await?
         .get(0))
 }
@@ -73,13 +70,15 @@ pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
     if table_exists(sql).await? {
         return Ok(());
     }
-    sql.batch_execute(STATE_SQL).await.map_err(|e| {
-        RelayError::Setup(format!(
-            "cannot create public.outboxd_slot_state ({}): run `outboxd init` as a role that may \
+    sql.batch_execute(&crate::schema::unqualified(STATE_SQL))
+        .await
+        .map_err(|e| {
+            RelayError::Setup(format!(
+                "cannot create outboxd_slot_state ({}): run `outboxd init` as a role that may \
              create tables",
-            RelayError::from(e)
-        ))
-    })
+                RelayError::from(e)
+            ))
+        })
 }
 
 const COLUMNS: &str = "system_identifier, timeline, (acked_lsn - '0/0')::bigint, delivery_mark, \
@@ -88,7 +87,7 @@ const COLUMNS: &str = "system_identifier, timeline, (acked_lsn - '0/0')::bigint,
 
 /// The slot's row, if the relay ever wrote one (on this database's history).
 pub async fn load(sql: &Client, slot: &str) -> Result<Option<Recorded>, RelayError> {
-    let q = format!("SELECT {COLUMNS} FROM public.outboxd_slot_state WHERE slot_name = $1");
+    let q = format!("SELECT {COLUMNS} FROM outboxd_slot_state WHERE slot_name = $1");
     let Some(r) = sql.query_opt(&q, &[&slot]).await? else {
         return Ok(None);
     };
@@ -119,7 +118,7 @@ pub async fn reset(
     mark: Option<DateTime<Utc>>,
 ) -> Result<(), RelayError> {
     sql.execute(
-        "INSERT INTO public.outboxd_slot_state AS s \
+        "INSERT INTO outboxd_slot_state AS s \
              (slot_name, system_identifier, timeline, acked_lsn, delivery_mark) \
          VALUES ($1, $2, $3, $4::text::pg_lsn, $5) \
          ON CONFLICT (slot_name) DO UPDATE SET system_identifier = EXCLUDED.system_identifier, \
@@ -147,7 +146,7 @@ pub async fn advance(
     mark: Option<DateTime<Utc>>,
 ) -> Result<(), RelayError> {
     sql.execute(
-        "UPDATE public.outboxd_slot_state SET \
+        "UPDATE outboxd_slot_state SET \
              acked_lsn = GREATEST(acked_lsn, $3::text::pg_lsn), \
              delivery_mark = GREATEST(delivery_mark, $4), timeline = $5, updated_at = now() \
          WHERE slot_name = $1 AND system_identifier = $2",
@@ -173,7 +172,7 @@ pub async fn begin_recovery(
     reason: &str,
 ) -> Result<(), RelayError> {
     sql.execute(
-        "INSERT INTO public.outboxd_slot_state AS s \
+        "INSERT INTO outboxd_slot_state AS s \
              (slot_name, system_identifier, timeline, acked_lsn, recovering_since, recovery_reason) \
          VALUES ($1, $2, $3, '0/0', $4, $5) \
          ON CONFLICT (slot_name) DO UPDATE SET \
@@ -202,7 +201,7 @@ pub async fn finish_recovery(
     events: i64,
 ) -> Result<(), RelayError> {
     sql.execute(
-        "UPDATE public.outboxd_slot_state SET system_identifier = $2, timeline = $3, \
+        "UPDATE outboxd_slot_state SET system_identifier = $2, timeline = $3, \
              acked_lsn = COALESCE($4::text::pg_lsn, acked_lsn), \
              delivery_mark = GREATEST(delivery_mark, $5), recovering_since = NULL, \
              recoveries = recoveries + 1, last_recovery_at = now(), last_recovery_events = $6, \

@@ -32,7 +32,7 @@ pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
     let current: bool = sql
         .query_one(
             "SELECT count(*) = 2 FROM information_schema.columns \
-             WHERE table_schema = 'public' AND ((table_name = 'outbox_parked' AND column_name = 'retry_audit_id') \
+             WHERE table_schema = current_schema() AND ((table_name = 'outbox_parked' AND column_name = 'retry_audit_id') \
                 OR (table_name = 'outbox_parked_audit' AND column_name = 'db_user'))",
             &[],
         )
@@ -41,7 +41,7 @@ pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
     if current {
         return Ok(());
     }
-    sql.batch_execute(PARKED_SQL).await.map_err(|e| {
+    sql.batch_execute(&crate::schema::unqualified(PARKED_SQL)).await.map_err(|e| {
         RelayError::Setup(format!(
             "cannot create or upgrade outbox_parked ({}): run `outboxd init` as a role that may create and alter tables",
             RelayError::from(e)
