@@ -24,9 +24,9 @@
 //! - `poison/`: events retrying cannot fix — `policy` (classes, per-type policy), `validate`
 //!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair),
 //!   `handler` (what a session does with one: park or halt, hold, release in order).
-//! - `obs/`: metric names ([`obs`]), health and the HTTP listener, `watch` (heartbeats, stalls,
-//!   slot health, per-type ages), `errors` (error counts), `status_row` (all `outboxd_status`
-//!   SQL).
+//! - `obs/`: metric names ([`obs`]) and health, `http` (the HTTP listener, bounded), `watch`
+//!   (heartbeats, stalls, slot health, per-type ages), `errors` (error counts), `status_row`
+//!   (all `outboxd_status` SQL).
 //! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
 //!   `alerts`, `parked`, `recover`).
 //! - [`config`] (+ `secrets`), [`error`], `fail` (crash hooks for the crash-window tests).

@@ -1,20 +1,18 @@
 //! Observability: the metric names outboxd exports (one list, used by the exporter, the alert
 //! rules, the Grafana dashboard and their tests), process health for `/healthz` and `/readyz`,
-//! and the HTTP listener serving them with `/metrics`.
+//! and the HTTP listener serving them with `/metrics` (`http`: bounded, see there).
 //!
 //! Labels stay bounded: `event_type`, `topic`, `class`, `state`, `status` — never `event_id` or
 //! `aggregate_id`.
 
 pub(crate) mod errors;
+mod http;
 pub(crate) mod status_row;
 pub(crate) mod watch;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Request, Response, StatusCode};
-use metrics_exporter_prometheus::PrometheusHandle;
+pub use http::serve;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 pub const UP: &str = "outboxd_up";
 pub const ROLE_ACTIVE: &str = "outboxd_role_active";
@@ -284,58 +282,6 @@ impl Health {
             None
         }
     }
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` until the process ends.
-pub async fn serve(
-    addr: std::net::SocketAddr,
-    prom: PrometheusHandle,
-    observed: Arc<Observed>,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let (prom, observed) = (prom.clone(), observed.clone());
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let (prom, observed) = (prom.clone(), observed.clone());
-                    async move {
-                        Ok::<_, std::convert::Infallible>(route(&req, &prom, &observed.health))
-                    }
-                });
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, svc)
-                    .await;
-            });
-        }
-    });
-    Ok(())
-}
-
-fn route(
-    req: &Request<hyper::body::Incoming>,
-    prom: &PrometheusHandle,
-    health: &Health,
-) -> Response<Full<Bytes>> {
-    let (status, body) = match req.uri().path() {
-        "/metrics" => (StatusCode::OK, prom.render()),
-        "/healthz" => (StatusCode::OK, "ok\n".to_string()),
-        "/readyz" => match health.not_ready() {
-            None => (StatusCode::OK, "ready\n".to_string()),
-            Some(why) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: {why}\n"),
-            ),
-        },
-        _ => (StatusCode::NOT_FOUND, "not found\n".to_string()),
-    };
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    r
 }
 
 #[cfg(test)]
