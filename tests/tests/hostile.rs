@@ -365,3 +365,85 @@ async fn relay_tables_live_in_their_schema_whatever_the_search_path() -> anyhow:
     relay.shutdown().await?;
     Ok(())
 }
+
+/// The roles of sql/roles.sql are enough to run, repair and re-run `init`; before the grants,
+/// `check` names each missing one with its GRANT and `run` stops with a setup error instead of
+/// retrying "permission denied" forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_privilege_roles_are_enough_and_missing_grants_are_named() -> anyhow::Result<()> {
+    let env = Env::start("hostile_roles").await?;
+    let c = env.sql().await?;
+    let roles = include_str!("../../sql/roles.sql");
+    let (create, grants) = roles
+        .split_once("-- ---- 2.")
+        .expect("roles.sql has two blocks");
+    c.batch_execute(create).await?;
+    let as_role = |role: &str, pw: &str| {
+        env.toml().replace(
+            &format!("postgres:{}@", outboxd_tests::testkit::PG_PASSWORD),
+            &format!("{role}:{pw}@"),
+        )
+    };
+    let relay_toml = as_role("outboxd_relay", "change-me-relay");
+    let file = env.dir.path().join("relay.toml");
+    std::fs::write(&file, &relay_toml)?;
+    let (code, out) = outboxd_cli(&["check"], &file);
+    assert_ne!(code, 0, "{out}");
+    for grant in [
+        "GRANT USAGE ON SCHEMA \"public\" TO \"outboxd_relay\"; GRANT SELECT ON \"public\".\"outbox\"",
+        "GRANT SELECT, INSERT, UPDATE ON \"public\".outbox_parked TO \"outboxd_relay\"",
+        "GRANT SELECT ON \"public\".outbox_parked_audit",
+        "GRANT SELECT, INSERT, UPDATE ON \"public\".outboxd_slot_state",
+        "GRANT USAGE ON SEQUENCE \"public\".outbox_parked_id_seq",
+    ] {
+        assert!(out.contains(grant), "{grant:?} not named:\n{out}");
+    }
+    let (code, out) = outboxd_cli(&["run"], &file);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("lacks a privilege") && out.contains("sql/roles.sql"),
+        "{out}"
+    );
+
+    c.batch_execute(&format!("--{grants}")).await?;
+    let (code, out) = outboxd_cli(&["check"], &file);
+    assert_eq!(code, 0, "{out}");
+    assert!(!out.contains("WARN"), "{out}");
+    // init is idempotent without CREATE privileges once everything exists.
+    let (code, out) = outboxd_cli(&["init"], &file);
+    assert_eq!(code, 0, "{out}");
+    // The superuser the other tests use is named as excess.
+    let (_, out) = outboxd_cli(&["check"], &env.config_file()?);
+    assert!(out.contains("WARN") && out.contains("superuser"), "{out}");
+
+    let relay = Relay::start(outboxd::Config::from_toml_and_env(
+        &relay_toml,
+        Vec::<(String, String)>::new(),
+    )?);
+    let insert = "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                  event_type, payload, headers) VALUES ($1, 'acct', $2, 1, 'Deposited', '{}', $3::text::jsonb)";
+    let (bad, good) = (Uuid::now_v7(), Uuid::now_v7());
+    c.execute(insert, &[&bad, &"R-1", &r#"{"event_id": "x"}"#.to_string()])
+        .await?;
+    c.execute(insert, &[&good, &"R-2", &"{}".to_string()])
+        .await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.acct",
+        1,
+        Duration::from_secs(20),
+    )?;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].header("event_id"), good.to_string());
+    // The repair role resolves the parked one; the audit names it.
+    let repair = env.dir.path().join("repair.toml");
+    std::fs::write(&repair, as_role("outboxd_repair", "change-me-repair"))?;
+    let bad = bad.to_string();
+    let (code, out) = outboxd_cli(&["parked", "discard", &bad, "--reason", "spoofed"], &repair);
+    assert_eq!(code, 0, "{out}");
+    let (_, out) = outboxd_cli(&["parked", "show", &bad], &repair);
+    assert!(out.contains("(database role outboxd_repair)"), "{out}");
+    relay.shutdown().await?;
+    Ok(())
+}

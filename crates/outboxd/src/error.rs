@@ -178,6 +178,15 @@ impl From<tokio_postgres::Error> for RelayError {
     fn from(e: tokio_postgres::Error) -> Self {
         // The Display of a tokio-postgres error omits the server message; include it.
         match e.as_db_error() {
+            // A missing privilege does not heal by retrying: a setup error naming the fix.
+            Some(db) if db.code() == &tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE => {
+                Self::Setup(format!(
+                    "{}: {} — the role of source.dsn lacks a privilege the relay needs: grant \
+                     what sql/roles.sql grants the relay role (`outboxd check` names each one)",
+                    db.code().code(),
+                    db.message()
+                ))
+            }
             Some(db) => Self::Postgres(format!("{}: {}", db.code().code(), db.message())),
             // Nor the cause of a client-side failure (e.g. which certificate check failed).
             None => {

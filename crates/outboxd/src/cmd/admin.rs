@@ -17,7 +17,26 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     let mut done = Vec::new();
     let (schema, table) = cfg.table_name();
     let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
-    if cfg.source.columns.preset == Preset::Outboxd {
+    // Idempotent without privileges it does not need: what exists is not created again (a
+    // CREATE … IF NOT EXISTS still demands CREATE on the schema), so a least-privilege role can
+    // run `init` once an administrator has created everything.
+    let table_exists: bool = sql
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+        .await?
+        .get(0);
+    let pub_exists: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            &[&cfg.source.publication],
+        )
+        .await?
+        .get(0);
+    if cfg.source.columns.preset == Preset::Outboxd && table_exists && pub_exists {
+        done.push(format!(
+            "table {schema}.{table} and publication {} present",
+            cfg.source.publication
+        ));
+    } else if cfg.source.columns.preset == Preset::Outboxd {
         let ddl = OUTBOX_SQL
             .replace("public.outbox", &qualified)
             .replace(
@@ -63,11 +82,20 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
         done.push(format!("publication {} present", cfg.source.publication));
     }
     // outboxd's own tables go to source.relay_schema (the connection's search_path).
-    sql.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {}",
-        quote_ident(&cfg.source.relay_schema)
-    ))
-    .await?;
+    let schema_exists: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&cfg.source.relay_schema],
+        )
+        .await?
+        .get(0);
+    if !schema_exists {
+        sql.batch_execute(&format!(
+            "CREATE SCHEMA {}",
+            quote_ident(&cfg.source.relay_schema)
+        ))
+        .await?;
+    }
     crate::poison::store::ensure_tables(&sql).await?;
     crate::obs::status_row::ensure_table(&sql).await?;
     done.push("tables outbox_parked, outbox_parked_audit and outboxd_status present".into());
@@ -107,13 +135,31 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
 #[derive(Debug)]
 pub struct CheckLine {
     pub ok: bool,
+    /// Works, but more exposed than it needs to be (printed as WARN; check still passes).
+    pub warn: bool,
     pub what: String,
     pub detail: String,
+}
+
+impl CheckLine {
+    pub fn ok(what: &str, detail: impl Into<String>) -> Self {
+        line(true, what, detail)
+    }
+    pub fn fail(what: &str, detail: impl Into<String>) -> Self {
+        line(false, what, detail)
+    }
+    pub fn warn(what: &str, detail: impl Into<String>) -> Self {
+        Self {
+            warn: true,
+            ..line(true, what, detail)
+        }
+    }
 }
 
 fn line(ok: bool, what: &str, detail: impl Into<String>) -> CheckLine {
     CheckLine {
         ok,
+        warn: false,
         what: what.into(),
         detail: detail.into(),
     }
@@ -130,15 +176,8 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
         )),
         Ok(sql) => {
             out.push(line(true, "postgres", "connected"));
-            out.push(match privileges(&sql).await {
-                Ok(true) => line(true, "privileges", "role may use replication"),
-                Ok(false) => line(
-                    false,
-                    "privileges",
-                    "the role lacks REPLICATION: ALTER ROLE <user> WITH REPLICATION;",
-                ),
-                Err(e) => line(false, "privileges", e.to_string()),
-            });
+            out.extend(super::privileges::check(cfg, &sql).await);
+            out.extend(super::privileges::encryption(cfg));
             let preflight = source::preflight(cfg, &sql, false).await;
             let confirmed = preflight.as_ref().map_or(0, |(s, _)| s.confirmed_flush);
             out.push(replication(cfg, confirmed).await);
@@ -260,16 +299,6 @@ async fn failover(cfg: &Config, sql: &tokio_postgres::Client) -> CheckLine {
             cfg.source.slot
         ),
     )
-}
-
-async fn privileges(sql: &tokio_postgres::Client) -> Result<bool, RelayError> {
-    Ok(sql
-        .query_one(
-            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
-            &[],
-        )
-        .await?
-        .get(0))
 }
 
 /// Required columns of the configured mapping that the table lacks.

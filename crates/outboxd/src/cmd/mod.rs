@@ -3,6 +3,7 @@
 pub(crate) mod admin;
 pub(crate) mod alerts;
 pub(crate) mod parked;
+pub(crate) mod privileges;
 pub(crate) mod recover;
 pub(crate) mod status;
 
@@ -221,7 +222,11 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
             for l in &lines {
                 println!(
                     "{}  {:<32} {}",
-                    if l.ok { "ok  " } else { "FAIL" },
+                    match (l.ok, l.warn) {
+                        (false, _) => "FAIL",
+                        (true, true) => "WARN",
+                        (true, false) => "ok  ",
+                    },
                     l.what,
                     l.detail
                 );

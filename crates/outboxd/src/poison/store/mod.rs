@@ -31,9 +31,11 @@ pub enum ParkState {
 pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
     let current: bool = sql
         .query_one(
-            "SELECT count(*) = 2 FROM information_schema.columns \
-             WHERE table_schema = current_schema() AND ((table_name = 'outbox_parked' AND column_name = 'retry_audit_id') \
-                OR (table_name = 'outbox_parked_audit' AND column_name = 'db_user'))",
+            // pg_attribute, not information_schema: a role without privileges on the tables
+            // (the repair role, a least-privilege relay) must still see that they exist.
+            "SELECT count(*) = 2 FROM pg_attribute WHERE NOT attisdropped \
+               AND ((attrelid = to_regclass('outbox_parked') AND attname = 'retry_audit_id') \
+                 OR (attrelid = to_regclass('outbox_parked_audit') AND attname = 'db_user'))",
             &[],
         )
         .await?

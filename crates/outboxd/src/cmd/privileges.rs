@@ -1,0 +1,209 @@
+//! What `outboxd check` says about the role of `source.dsn`: each privilege the relay needs and
+//! lacks, by name and with the GRANT that fixes it; each one it has beyond them (superuser,
+//! owning the business table) as a warning; and a stream that is not guaranteed encrypted.
+//!
+//! The set mirrors `sql/roles.sql`'s relay role: REPLICATION; SELECT on the outbox table (slot
+//! loss recovery reads it); its own tables in `source.relay_schema`; nothing else.
+
+use super::admin::CheckLine;
+use crate::config::Config;
+use crate::relay::source::quote_ident;
+use tokio_postgres::Client;
+
+/// outboxd's own tables and the privileges the relay uses on each.
+const RELAY_TABLES: [(&str, &str); 4] = [
+    ("outbox_parked", "SELECT, INSERT, UPDATE"),
+    ("outbox_parked_audit", "SELECT"),
+    ("outboxd_status", "SELECT, INSERT, UPDATE"),
+    ("outboxd_slot_state", "SELECT, INSERT, UPDATE"),
+];
+
+pub async fn check(cfg: &Config, sql: &Client) -> Vec<CheckLine> {
+    match lines(cfg, sql).await {
+        Ok(l) => l,
+        Err(e) => vec![CheckLine::fail("privileges", e.to_string())],
+    }
+}
+
+async fn lines(cfg: &Config, sql: &Client) -> Result<Vec<CheckLine>, tokio_postgres::Error> {
+    let mut out = Vec::new();
+    let me = sql
+        .query_one(
+            "SELECT current_user::text, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?;
+    let (role, replication, superuser): (String, bool, bool) = (me.get(0), me.get(1), me.get(2));
+    let role_q = quote_ident(&role);
+    let mut missing = Vec::new();
+    if !(replication || superuser) {
+        missing.push(format!("ALTER ROLE {role_q} WITH REPLICATION;"));
+    }
+    let (schema, table) = cfg.table_name();
+    let outbox = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+    if !can(sql, &outbox, "SELECT").await? {
+        missing.push(format!(
+            "GRANT USAGE ON SCHEMA {} TO {role_q}; GRANT SELECT ON {outbox} TO {role_q};",
+            quote_ident(&schema)
+        ));
+    }
+    let rs = quote_ident(&cfg.source.relay_schema);
+    for (t, privs) in RELAY_TABLES {
+        let qualified = format!("{rs}.{t}");
+        let exists: bool = sql
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+            .await?
+            .get(0);
+        if !exists {
+            continue; // reported below: `init` creates it
+        }
+        let mut lacking = Vec::new();
+        for p in privs.split(", ") {
+            if !can(sql, &qualified, p).await? {
+                lacking.push(p);
+            }
+        }
+        if !lacking.is_empty() {
+            missing.push(format!(
+                "GRANT {} ON {qualified} TO {role_q};",
+                lacking.join(", ")
+            ));
+        }
+    }
+    let seq = format!("{rs}.outbox_parked_id_seq");
+    let seq_ok: bool = sql
+        .query_one(
+            "SELECT coalesce(has_sequence_privilege(to_regclass($1), 'USAGE'), true)",
+            &[&seq],
+        )
+        .await?
+        .get(0);
+    if !seq_ok {
+        missing.push(format!("GRANT USAGE ON SEQUENCE {seq} TO {role_q};"));
+    }
+    let absent: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM unnest($1::text[]) t WHERE to_regclass(t) IS NULL",
+            &[&RELAY_TABLES
+                .iter()
+                .map(|(t, _)| format!("{rs}.{t}"))
+                .collect::<Vec<_>>()],
+        )
+        .await?
+        .get(0);
+    if absent > 0 {
+        let create: bool = sql
+            .query_one(
+                "SELECT coalesce((SELECT has_schema_privilege(oid, 'CREATE') FROM pg_namespace WHERE nspname = $1), \
+                        has_database_privilege(current_database(), 'CREATE'))",
+                &[&cfg.source.relay_schema],
+            )
+            .await?
+            .get(0);
+        if !create {
+            missing.push(format!(
+                "{absent} of outboxd's tables do not exist in {rs} and this role may not create them: \
+                 run `outboxd init` as an administrative role (sql/roles.sql)"
+            ));
+        }
+    }
+    if cfg.heartbeat.interval_ms > 0 {
+        let emit: bool = sql
+            .query_one(
+                "SELECT has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')",
+                &[],
+            )
+            .await?
+            .get(0);
+        if !emit {
+            missing.push(format!(
+                "GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO {role_q}; \
+                 (heartbeats; or set heartbeat.interval_ms = 0)"
+            ));
+        }
+    }
+    if missing.is_empty() {
+        out.push(CheckLine::ok(
+            "privileges",
+            format!("role {role} has what the relay needs (sql/roles.sql)"),
+        ));
+    } else {
+        for m in missing {
+            out.push(CheckLine::fail("privileges", m));
+        }
+    }
+    if superuser {
+        out.push(CheckLine::warn(
+            "privileges",
+            format!(
+                "role {role} is a superuser: the relay needs REPLICATION and the grants of \
+                 sql/roles.sql only; a leaked relay credential should not own the database"
+            ),
+        ));
+    }
+    let owns: bool = sql
+        .query_one(
+            "SELECT coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = to_regclass($1)), false)",
+            &[&outbox],
+        )
+        .await?
+        .get(0);
+    if owns && !superuser {
+        out.push(CheckLine::warn(
+            "privileges",
+            format!(
+                "role {role} owns the business table {outbox}: the relay only reads it; let an \
+                 administrative role own it (sql/roles.sql)"
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+/// May this role use `privilege` on the table `object` (true when it does not exist)?
+async fn can(sql: &Client, object: &str, privilege: &str) -> Result<bool, tokio_postgres::Error> {
+    let r = sql
+        .query_one(
+            "SELECT coalesce(has_table_privilege(to_regclass($1), $2), true)",
+            &[&object, &privilege],
+        )
+        .await?;
+    Ok(r.get(0))
+}
+
+/// The stream and SQL connection to a remote host are not guaranteed encrypted below
+/// `require`, and not authenticated below `verify-full`: a man in the middle can downgrade
+/// `prefer` to cleartext.
+pub fn encryption(cfg: &Config) -> Option<CheckLine> {
+    use crate::relay::tls::SslMode;
+    let dsn: tokio_postgres::Config = cfg.source.dsn.parse().ok()?;
+    let remote = dsn.get_hosts().iter().any(|h| match h {
+        tokio_postgres::config::Host::Tcp(h) => {
+            !(h == "localhost"
+                || h.parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback()))
+        }
+        tokio_postgres::config::Host::Unix(_) => false,
+    });
+    if !remote {
+        return None;
+    }
+    let mode = crate::relay::tls::mode(cfg.source.tls(), &dsn);
+    let why = match mode {
+        SslMode::VerifyFull => return None,
+        SslMode::Disable => "is sent in cleartext (sslmode = disable)",
+        SslMode::Prefer => {
+            "may be sent in cleartext: sslmode = prefer lets anyone on the path downgrade it"
+        }
+        SslMode::Require | SslMode::VerifyCa => {
+            "is encrypted, but the server is not verified: a man in the middle can read it"
+        }
+    };
+    Some(CheckLine::warn(
+        "encryption",
+        format!(
+            "the replication stream to a remote host {why}; set source.sslmode = \"verify-full\" \
+             and source.sslrootcert (docs/configuration.md)"
+        ),
+    ))
+}

@@ -1,0 +1,49 @@
+-- outboxd: least-privilege roles (see docs/operations.md, "Roles and privileges").
+--
+-- Three roles, each with only what its job needs:
+--   outboxd_admin  : runs `outboxd init` once (and after upgrades): owns the outbox table, the
+--                    publication and outboxd's own tables. Not used by the running relay.
+--   outboxd_relay  : runs `outboxd run`: streams the WAL (REPLICATION), reads the outbox table
+--                    (slot-loss recovery), writes its own tables. Nothing on business tables.
+--   outboxd_repair : runs `outboxd parked retry|discard` (--dsn / OUTBOXD_REPAIR_DSN): changes
+--                    parked events and writes the audit. The relay cannot write the audit, so a
+--                    leaked relay credential cannot forge a release.
+--
+-- Written for the defaults: the outbox table public.outbox, publication outbox_pub and
+-- source.relay_schema = public. With another relay_schema replace `public.outbox_parked`,
+-- `public.outboxd_*` below. Replace the passwords (or use another authentication method).
+--
+-- Order: run the first block as a superuser, then `outboxd init` connected as outboxd_admin,
+-- then the second block (the tables must exist to be granted on).
+
+-- ---- 1. roles (as a superuser) -----------------------------------------------------------
+CREATE ROLE outboxd_admin LOGIN REPLICATION PASSWORD 'change-me-admin';
+CREATE ROLE outboxd_relay LOGIN REPLICATION PASSWORD 'change-me-relay';
+CREATE ROLE outboxd_repair LOGIN PASSWORD 'change-me-repair';
+-- init creates the outbox table and outboxd's tables in public, and the publication (which
+-- needs CREATE on the database).
+GRANT CREATE ON SCHEMA public TO outboxd_admin;
+DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO outboxd_admin', current_database()); END $$;
+-- An outbox table that already exists must be owned by outboxd_admin to be published:
+--   ALTER TABLE public.outbox OWNER TO outboxd_admin;
+
+-- ---- 2. grants (as outboxd_admin or a superuser, after `outboxd init`) --------------------
+-- The relay: read the outbox (recovery), write its own tables, emit heartbeats.
+GRANT USAGE ON SCHEMA public TO outboxd_relay;
+GRANT SELECT ON public.outbox TO outboxd_relay;
+GRANT SELECT, INSERT, UPDATE ON public.outbox_parked, public.outboxd_status,
+    public.outboxd_slot_state TO outboxd_relay;
+GRANT SELECT ON public.outbox_parked_audit TO outboxd_relay;
+GRANT USAGE ON SEQUENCE public.outbox_parked_id_seq TO outboxd_relay;
+-- pg_logical_emit_message is executable by everyone by default; if your installation revoked
+-- it, heartbeats need: GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO outboxd_relay;
+
+-- The repair role: change parked events, write the audit, read the status.
+GRANT USAGE ON SCHEMA public TO outboxd_repair;
+GRANT SELECT, UPDATE ON public.outbox_parked TO outboxd_repair;
+GRANT SELECT, INSERT ON public.outbox_parked_audit TO outboxd_repair;
+GRANT USAGE ON SEQUENCE public.outbox_parked_audit_id_seq TO outboxd_repair;
+GRANT SELECT ON public.outboxd_status TO outboxd_repair;
+
+-- The application: writes events into the outbox in its own transactions.
+--   GRANT INSERT ON public.outbox TO my_service;
