@@ -5,6 +5,7 @@
 //! retrying and stop the process with a message that names the fix.
 
 use crate::config::ConfigError;
+use crate::relay::ack::ProtocolError;
 use crate::relay::pgoutput::DecodeError;
 use crate::relay::route::RouteError;
 use thiserror::Error;
@@ -52,6 +53,9 @@ pub enum RelayError {
     },
     #[error("malformed replication message: {0}")]
     Decode(#[from] DecodeError),
+    /// Well-formed messages in an order the protocol does not allow (an Insert before Begin).
+    #[error("replication stream out of order: {0}")]
+    Protocol(#[from] ProtocolError),
     #[error(transparent)]
     Route(#[from] RouteError),
 }
@@ -118,6 +122,11 @@ impl RelayError {
                 "decode",
                 Stop,
                 "the server sent a message outboxd cannot read: report it with this log line and the Postgres version",
+            ),
+            Self::Protocol(_) => (
+                "protocol",
+                Stop,
+                "the server sent messages out of protocol order: check what sits between outboxd and Postgres (proxy, pooler), report it with this log line and the Postgres version",
             ),
             Self::Route(_) => (
                 "route",

@@ -351,10 +351,11 @@ where
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text =
+            secrets::read_bounded(path, MAX_CONFIG_FILE).map_err(|source| ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
         Self::from_toml_and_env(&text, std::env::vars())
     }
 
@@ -405,6 +406,10 @@ impl Config {
         Duration::from_millis(self.relay.shutdown_timeout_ms)
     }
 }
+
+/// The largest configuration file read (a real one is a few KiB): `--config /dev/zero` is an
+/// error, not a process that fills its memory.
+const MAX_CONFIG_FILE: u64 = 4 << 20;
 
 /// `OUTBOXD_*` variables that are not config overrides (CLI, tests, demo, dev tooling).
 const NOT_CONFIG: [&str; 7] = [
@@ -468,6 +473,9 @@ fn sub_table<'a>(t: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Tab
         .as_table_mut()
         .ok_or_else(|| invalid(format!("`{name}` must be a table")))
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

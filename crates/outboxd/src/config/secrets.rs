@@ -130,7 +130,7 @@ pub fn toml_syntax(text: &str, e: &toml::de::Error) -> String {
 /// `source.password_file` sets `source.password`. One trailing newline is dropped.
 pub fn load_files(cfg: &mut Config) -> Result<(), ConfigError> {
     let read = |key: &str, path: &str| {
-        std::fs::read_to_string(path)
+        read_bounded(path.as_ref(), MAX_SECRET_FILE)
             .map(|s| {
                 s.strip_suffix('\n')
                     .map(|t| t.strip_suffix('\r').unwrap_or(t))
@@ -173,6 +173,28 @@ pub fn load_files(cfg: &mut Config) -> Result<(), ConfigError> {
         cfg.source.password = Some(read("source.password_file", &path.to_string_lossy())?);
     }
     Ok(())
+}
+
+/// The largest secret file read: a certificate chain with its key is a few KiB.
+const MAX_SECRET_FILE: u64 = 1 << 20;
+
+/// Reads a text file of at most `limit` bytes. A path naming something that never ends
+/// (`/dev/zero`, `/dev/urandom`) or a file far too large is an error, not a process that fills
+/// its memory.
+pub(super) fn read_bounded(path: &std::path::Path, limit: u64) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(limit + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {limit} bytes"),
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
 /// A DSN with its password replaced (URL or key=value form).

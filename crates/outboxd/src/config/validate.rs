@@ -5,6 +5,9 @@ use super::{invalid, Config, ConfigError};
 use std::str::FromStr;
 use std::time::Duration;
 
+/// The longest interval setting (366 days, like `source.recovery_window`).
+const MAX_INTERVAL_MS: u64 = 366 * 86_400 * 1000;
+
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.source;
@@ -66,6 +69,27 @@ impl Config {
             if self.sink.kafka.get(k).map(String::as_str) == Some(v) {
                 return Err(invalid(format!(
                     "sink.kafka.\"{k}\" = \"{v}\" would allow lost or reordered events; outboxd requires enable.idempotence=true and acks=all"
+                )));
+            }
+        }
+        // Intervals become deadlines (`Instant + interval`, doubled backoffs): beyond a year
+        // they would overflow, and no interval that long is meant.
+        for (ms, key) in [
+            (s.status_interval_ms, "source.status_interval_ms"),
+            (s.state_interval_ms, "source.state_interval_ms"),
+            (self.relay.shutdown_timeout_ms, "relay.shutdown_timeout_ms"),
+            (self.relay.max_backoff_ms, "relay.max_backoff_ms"),
+            (self.relay.standby_poll_ms, "relay.standby_poll_ms"),
+            (self.relay.repair_interval_ms, "relay.repair_interval_ms"),
+            (self.heartbeat.interval_ms, "heartbeat.interval_ms"),
+            (
+                self.heartbeat.stall_timeout_ms,
+                "heartbeat.stall_timeout_ms",
+            ),
+        ] {
+            if ms > MAX_INTERVAL_MS {
+                return Err(invalid(format!(
+                    "{key} = {ms} is over a year: use at most {MAX_INTERVAL_MS} (milliseconds)"
                 )));
             }
         }

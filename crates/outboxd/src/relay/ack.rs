@@ -9,6 +9,20 @@
 //! failed event is ever confirmed (the session restarts from the slot instead).
 
 use std::collections::VecDeque;
+use thiserror::Error;
+
+/// The server broke the order of the replication protocol (a change or a Commit outside a
+/// transaction, a Begin inside one): a broken or hostile server. Definite: the same WAL replays
+/// the same order, and nothing in it can be positioned, so nothing past it may be confirmed.
+#[derive(Debug, Clone, Copy, Error, PartialEq, Eq)]
+pub enum ProtocolError {
+    #[error("an Insert arrived outside a transaction (no Begin before it)")]
+    InsertWithoutBegin,
+    #[error("a Commit arrived outside a transaction (no Begin before it)")]
+    CommitWithoutBegin,
+    #[error("a Begin arrived inside a transaction (no Commit before it)")]
+    BeginBeforeCommit,
+}
 
 /// Sequence number of an event within one replication session.
 pub type Seq = u64;
@@ -61,13 +75,16 @@ impl AckTracker {
     /// A Begin message without a commit time (tests).
     #[cfg(test)]
     pub fn begin(&mut self) {
-        self.begin_at(0);
+        self.begin_at(0).unwrap();
     }
 
     /// A Begin message: a new transaction opens, committed at `commit_us` (unix µs).
-    /// Transactions arrive strictly one after another.
-    pub fn begin_at(&mut self, commit_us: i64) {
-        debug_assert!(self.txns.back().is_none_or(|t| t.commit_lsn.is_some()));
+    /// Transactions arrive strictly one after another: a Begin inside an open one would leave
+    /// that one uncommitted forever (nothing confirmed again), so it is an error.
+    pub fn begin_at(&mut self, commit_us: i64) -> Result<(), ProtocolError> {
+        if self.in_transaction() {
+            return Err(ProtocolError::BeginBeforeCommit);
+        }
         self.txns.push_back(Txn {
             first_seq: self.next_seq,
             pending: 0,
@@ -75,32 +92,39 @@ impl AckTracker {
             commit_us,
             events: 0,
         });
+        Ok(())
+    }
+
+    /// Is a transaction open (a Begin seen, its Commit not yet)?
+    pub fn in_transaction(&self) -> bool {
+        self.txns.back().is_some_and(|t| t.commit_lsn.is_none())
     }
 
     /// An event of the open transaction was handed to the producer; returns its sequence number.
-    pub fn add_event(&mut self) -> Seq {
+    pub fn add_event(&mut self) -> Result<Seq, ProtocolError> {
         let txn = self
             .txns
             .back_mut()
             .filter(|t| t.commit_lsn.is_none())
-            .expect("event outside a transaction");
+            .ok_or(ProtocolError::InsertWithoutBegin)?;
         txn.pending += 1;
         txn.events += 1;
         let seq = self.next_seq;
         self.next_seq += 1;
         self.window.push_back(State::Pending);
-        seq
+        Ok(seq)
     }
 
     /// The Commit message of the open transaction, with its end LSN.
-    pub fn commit(&mut self, end_lsn: u64) {
+    pub fn commit(&mut self, end_lsn: u64) -> Result<(), ProtocolError> {
         let txn = self
             .txns
             .back_mut()
             .filter(|t| t.commit_lsn.is_none())
-            .expect("commit outside a transaction");
+            .ok_or(ProtocolError::CommitWithoutBegin)?;
         txn.commit_lsn = Some(end_lsn);
         self.advance();
+        Ok(())
     }
 
     /// The broker's verdict on one event. A second verdict for the same event is ignored.
@@ -217,7 +241,7 @@ mod tests {
     fn empty_transactions_confirm_at_commit() {
         let mut t = AckTracker::new(10);
         t.begin();
-        t.commit(20);
+        t.commit(20).unwrap();
         assert_eq!(t.confirmed(), 20);
         assert!(t.is_idle());
     }
@@ -226,12 +250,12 @@ mod tests {
     fn out_of_order_acks_confirm_only_the_complete_prefix() {
         let mut t = AckTracker::new(0);
         t.begin();
-        let a = t.add_event();
-        let b = t.add_event();
-        t.commit(100);
+        let a = t.add_event().unwrap();
+        let b = t.add_event().unwrap();
+        t.commit(100).unwrap();
         t.begin();
-        let c = t.add_event();
-        t.commit(200);
+        let c = t.add_event().unwrap();
+        t.commit(200).unwrap();
         t.ack(c, true);
         assert_eq!(t.confirmed(), 0, "txn 2 acked but txn 1 is not");
         t.ack(b, true);
@@ -245,11 +269,11 @@ mod tests {
     fn a_failure_blocks_forever() {
         let mut t = AckTracker::new(0);
         t.begin();
-        let a = t.add_event();
-        t.commit(100);
+        let a = t.add_event().unwrap();
+        t.commit(100).unwrap();
         t.begin();
-        let b = t.add_event();
-        t.commit(200);
+        let b = t.add_event().unwrap();
+        t.commit(200).unwrap();
         t.ack(a, false);
         t.ack(b, true);
         t.ack(a, true); // a late success after the failure changes nothing
@@ -267,8 +291,8 @@ mod tests {
         t.begin();
         t.keepalive(60);
         assert_eq!(t.confirmed(), 50, "open transaction");
-        let a = t.add_event();
-        t.commit(70);
+        let a = t.add_event().unwrap();
+        t.commit(70).unwrap();
         t.keepalive(80);
         assert_eq!(t.confirmed(), 50, "event in flight");
         t.ack(a, true);
@@ -283,15 +307,76 @@ mod tests {
     fn events_of_an_open_transaction_never_confirm() {
         let mut t = AckTracker::new(0);
         t.begin();
-        let a = t.add_event();
+        let a = t.add_event().unwrap();
         t.ack(a, true);
         assert_eq!(t.confirmed(), 0);
         assert_eq!(t.in_flight(), 0);
-        t.commit(9);
+        t.commit(9).unwrap();
         assert_eq!(t.confirmed(), 9);
     }
 
+    #[test]
+    fn protocol_order_violations_are_errors() {
+        let mut t = AckTracker::new(5);
+        assert_eq!(t.add_event(), Err(ProtocolError::InsertWithoutBegin));
+        assert_eq!(t.commit(9), Err(ProtocolError::CommitWithoutBegin));
+        t.begin();
+        assert_eq!(t.begin_at(1), Err(ProtocolError::BeginBeforeCommit));
+        let a = t.add_event().unwrap();
+        t.commit(10).unwrap();
+        assert_eq!(t.commit(11), Err(ProtocolError::CommitWithoutBegin));
+        assert_eq!(t.add_event(), Err(ProtocolError::InsertWithoutBegin));
+        // The refused messages changed nothing: the transaction confirms as usual.
+        t.ack(a, true);
+        assert_eq!(t.confirmed(), 10);
+        assert!(t.is_idle());
+    }
+
+    /// One message of a stream from a broken or hostile server.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Begin(i64),
+        Event,
+        Commit(u64),
+        Ack(u64, bool),
+        Keepalive(u64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            any::<i64>().prop_map(Step::Begin),
+            Just(Step::Event),
+            any::<u64>().prop_map(Step::Commit),
+            (0u64..64, any::<bool>()).prop_map(|(s, ok)| Step::Ack(s, ok)),
+            any::<u64>().prop_map(Step::Keepalive),
+        ]
+    }
+
     proptest! {
+        /// Any order of messages and acknowledgements: errors for the out-of-order ones, never
+        /// a panic, and the confirmed LSN never moves backwards.
+        #[test]
+        fn any_message_order_is_an_error_not_a_panic(
+            steps in proptest::collection::vec(step(), 0..64),
+        ) {
+            let mut t = AckTracker::new(0);
+            let mut last = 0;
+            for s in steps {
+                let open = t.in_transaction();
+                match s {
+                    Step::Begin(us) => prop_assert_eq!(t.begin_at(us).is_err(), open),
+                    Step::Event => prop_assert_eq!(t.add_event().is_err(), !open),
+                    Step::Commit(lsn) => prop_assert_eq!(t.commit(lsn).is_err(), !open),
+                    Step::Ack(seq, ok) => t.ack(seq, ok),
+                    Step::Keepalive(lsn) => t.keepalive(lsn),
+                }
+                prop_assert!(t.confirmed() >= last);
+                last = t.confirmed();
+                let _ = (t.is_pending(0), t.commit_us_of(0), t.in_flight(), t.delivery_mark_us());
+                t.drain_completed(|_| {});
+            }
+        }
+
         /// Random transactions, random ack order, random failures: the confirmed LSN is exactly
         /// the commit LSN of the longest fully-acknowledged prefix of transactions.
         #[test]
@@ -305,8 +390,8 @@ mod tests {
             let mut txn_of = Vec::new();
             for (i, &n) in sizes.iter().enumerate() {
                 t.begin();
-                for _ in 0..n { t.add_event(); txn_of.push(i); }
-                t.commit((i as u64 + 1) * 10);
+                for _ in 0..n { t.add_event().unwrap(); txn_of.push(i); }
+                t.commit((i as u64 + 1) * 10).unwrap();
             }
             let total = txn_of.len();
             let mut seqs: Vec<usize> = (0..total).collect();

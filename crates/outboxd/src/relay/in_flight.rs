@@ -7,7 +7,7 @@
 //! grows, so memory follows the in-flight window, not the stream.
 
 use crate::obs;
-use crate::relay::ack::{AckTracker, Seq};
+use crate::relay::ack::{AckTracker, ProtocolError, Seq};
 use metrics::{Counter, Histogram};
 use std::collections::{HashMap, VecDeque};
 
@@ -47,14 +47,23 @@ impl InFlight {
     }
 
     /// A transaction begins; `commit_us` is its commit time (unix µs).
-    pub fn begin_at(&mut self, commit_us: i64) {
-        self.tracker.begin_at(commit_us);
+    pub fn begin_at(&mut self, commit_us: i64) -> Result<(), ProtocolError> {
+        self.tracker.begin_at(commit_us)
     }
 
     /// The current transaction's Commit, with its end LSN.
-    pub fn commit(&mut self, end_lsn: u64) {
-        self.tracker.commit(end_lsn);
+    pub fn commit(&mut self, end_lsn: u64) -> Result<(), ProtocolError> {
+        self.tracker.commit(end_lsn)?;
         self.release();
+        Ok(())
+    }
+
+    /// A row may be routed only inside a transaction: outside one it has no position.
+    pub fn check_open(&self) -> Result<(), ProtocolError> {
+        match self.tracker.in_transaction() {
+            true => Ok(()),
+            false => Err(ProtocolError::InsertWithoutBegin),
+        }
     }
 
     /// A position the server says holds nothing for us (keepalive, our own heartbeat).
@@ -63,13 +72,18 @@ impl InFlight {
     }
 
     /// An event of `size` bytes, counted under `(event_type, topic)`, goes to the producer.
-    pub fn add(&mut self, event_type: &str, topic: &str, size: usize) -> Seq {
+    pub fn add(
+        &mut self,
+        event_type: &str,
+        topic: &str,
+        size: usize,
+    ) -> Result<Seq, ProtocolError> {
+        let seq = self.tracker.add_event()?;
         let label = self.label(event_type, topic);
-        let seq = self.tracker.add_event();
         self.meta.push_back(label);
         self.bytes += size;
         self.sizes.push_back((seq, size));
-        seq
+        Ok(seq)
     }
 
     /// The broker has the event: it counts as published.
@@ -168,7 +182,7 @@ impl InFlight {
         let hist = &self.commit_to_ack;
         let now_us = obs::now_us();
         self.tracker
-            .drain_completed(|c| hist.record((now_us - c).max(0) as f64 / 1e6));
+            .drain_completed(|c| hist.record(now_us.saturating_sub(c).max(0) as f64 / 1e6));
         while let Some(&(seq, n)) = self.sizes.front() {
             if seq >= oldest_unacked {
                 break;
@@ -186,10 +200,10 @@ mod tests {
     #[test]
     fn bytes_and_labels_follow_the_acknowledged_prefix() {
         let mut f = InFlight::new(10);
-        f.begin_at(1);
-        let a = f.add("Paid", "t", 100);
-        let b = f.add("Shipped", "t", 50);
-        f.commit(20);
+        f.begin_at(1).unwrap();
+        let a = f.add("Paid", "t", 100).unwrap();
+        let b = f.add("Shipped", "t", 50).unwrap();
+        f.commit(20).unwrap();
         assert_eq!((f.events(), f.bytes()), (2, 150));
         assert_eq!(f.oldest_pending().len(), 2);
         // Out of order: b first keeps the window (from a on), its bytes and the LSN.
@@ -203,10 +217,40 @@ mod tests {
     #[test]
     fn a_failed_event_names_its_type_and_stops_the_confirm() {
         let mut f = InFlight::new(10);
-        f.begin_at(1);
-        let a = f.add("Paid", "t", 1);
-        f.commit(20);
+        f.begin_at(1).unwrap();
+        let a = f.add("Paid", "t", 1).unwrap();
+        f.commit(20).unwrap();
         assert_eq!(f.failed(a), Some("Paid"));
         assert_eq!(f.confirmed(), 10);
+    }
+
+    #[test]
+    fn protocol_order_violations_are_definite_errors() {
+        let mut f = InFlight::new(10);
+        // Insert before Begin (a broken or hostile server): nothing is tracked.
+        assert_eq!(f.check_open(), Err(ProtocolError::InsertWithoutBegin));
+        assert_eq!(
+            f.add("Paid", "t", 1),
+            Err(ProtocolError::InsertWithoutBegin)
+        );
+        assert_eq!((f.events(), f.bytes()), (0, 0));
+        // Commit without Begin.
+        assert_eq!(f.commit(20), Err(ProtocolError::CommitWithoutBegin));
+        assert_eq!(f.confirmed(), 10);
+        let e = crate::error::RelayError::from(ProtocolError::CommitWithoutBegin);
+        assert_eq!(e.class(), "protocol");
+        assert!(!e.is_transient());
+    }
+
+    #[test]
+    fn hostile_commit_times_do_not_overflow() {
+        let mut f = InFlight::new(0);
+        f.begin_at(i64::MIN).unwrap();
+        let a = f.add("Paid", "t", 1).unwrap();
+        f.commit(1).unwrap();
+        f.delivered(a);
+        f.begin_at(i64::MAX).unwrap();
+        f.commit(2).unwrap();
+        assert_eq!(f.confirmed(), 2);
     }
 }

@@ -109,7 +109,13 @@ impl<'a> Reader<'a> {
     fn rest(&self) -> &'a [u8] {
         &self.buf[self.pos..]
     }
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
 }
+
+/// The fewest bytes one column of a Relation takes: flags, an empty name's NUL, type, typmod.
+const MIN_RELATION_COLUMN: usize = 1 + 1 + 4 + 4;
 
 /// Classifies and (for Relation/Insert) decodes one XLogData payload.
 pub fn decode(buf: &[u8]) -> Result<Message<'_>, DecodeError> {
@@ -142,7 +148,9 @@ fn decode_relation(r: &mut Reader<'_>) -> Result<Relation, DecodeError> {
     let name = r.cstr("relation name")?;
     let _replica_identity = r.u8("replica identity")?;
     let ncols = r.u16("relation column count")?;
-    let mut columns = Vec::with_capacity(ncols as usize);
+    // The count is the server's word: reserve no more than the bytes left can hold, so a
+    // message of ten bytes claiming 65535 columns cannot make us allocate for them.
+    let mut columns = Vec::with_capacity((ncols as usize).min(r.remaining() / MIN_RELATION_COLUMN));
     for _ in 0..ncols {
         let _flags = r.u8("column flags")?;
         let name = r.cstr("column name")?;
@@ -220,6 +228,9 @@ pub mod encode {
         b
     }
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {

@@ -181,8 +181,11 @@ impl Stages {
         match ev {
             ReplicationEvent::Begin {
                 commit_time_micros, ..
-            } => self.in_flight.begin_at(commit_time_micros + PG_EPOCH_US),
-            ReplicationEvent::Commit { end_lsn, .. } => self.in_flight.commit(end_lsn.0),
+            } => self
+                .in_flight
+                // Saturating: the server's clock is input like any other.
+                .begin_at(commit_time_micros.saturating_add(PG_EPOCH_US))?,
+            ReplicationEvent::Commit { end_lsn, .. } => self.in_flight.commit(end_lsn.0)?,
             ReplicationEvent::KeepAlive { wal_end, .. } => self.in_flight.keepalive(wal_end.0),
             ReplicationEvent::XLogData { data, .. } => self.on_data(&data, producer).await?,
             ReplicationEvent::Message {
@@ -255,6 +258,8 @@ impl Stages {
         values: &mut Vec<Value<'a>>,
         producer: &Producer,
     ) -> Result<(), RelayError> {
+        // Before parking or holding too: a row outside a transaction has no position.
+        self.in_flight.check_open()?;
         pgoutput::decode_tuple(tuple, values)?;
         fail::hit("decoded");
         let (_, mapping) = self.outbox.as_ref().expect("checked by caller");
@@ -294,7 +299,7 @@ impl Stages {
         self.topic.render(&event, &mut self.topic_buf);
         let seq = self
             .in_flight
-            .add(event.event_type, &self.topic_buf, event.size());
+            .add(event.event_type, &self.topic_buf, event.size())?;
         // A synchronous refusal arrives as an Ack before the session reads the next event.
         producer.send(&self.topic_buf, &event, seq).await;
         fail::hit("produced");

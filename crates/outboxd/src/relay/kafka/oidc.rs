@@ -192,7 +192,8 @@ impl OidcConfig {
             .or_else(|| {
                 doc.get("expires_in")
                     .and_then(|e| e.as_f64())
-                    .map(|s| now_ms + (s * 1000.0) as i64)
+                    // Saturating: the token endpoint's numbers are input like any other.
+                    .map(|s| now_ms.saturating_add((s * 1000.0) as i64))
             })
             .ok_or_else(|| {
                 OidcError::BadResponse("the token has neither an exp claim nor expires_in".into())
@@ -385,8 +386,8 @@ fn refresh_after(expires_ms: i64) -> Duration {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
         .as_millis() as i64;
-    let left = (expires_ms - now_ms).max(0) as u64;
-    Duration::from_millis(left * 8 / 10).max(Duration::from_secs(5))
+    let left = expires_ms.saturating_sub(now_ms).max(0) as u64;
+    Duration::from_millis(left / 10 * 8).max(Duration::from_secs(5))
 }
 
 fn set_token(h: &Handle, t: &Token, extensions: &[(String, String)]) -> Result<(), String> {
@@ -439,6 +440,12 @@ fn set_failure(h: &Handle, msg: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn far_expiries_do_not_overflow() {
+        assert!(refresh_after(i64::MAX) > Duration::from_secs(86_400));
+        assert_eq!(refresh_after(i64::MIN), Duration::from_secs(5));
+    }
 
     fn kafka(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -374,6 +374,9 @@ impl TopicTemplate {
 }
 
 #[cfg(test)]
+mod fuzz;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::relay::pgoutput::Column;
