@@ -447,3 +447,59 @@ async fn least_privilege_roles_are_enough_and_missing_grants_are_named() -> anyh
     relay.shutdown().await?;
     Ok(())
 }
+
+/// Any role may write a logical message with the heartbeat prefix. A forgery used to set the
+/// heartbeat delay (and `i64::MIN` overflowed it: a panic in debug builds); now only messages
+/// carrying the session's token count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_heartbeats_are_ignored() -> anyhow::Result<()> {
+    let mut env = Env::start("hostile_heartbeat").await?;
+    env.extra_toml = "[heartbeat]\ninterval_ms = 300\nstall_timeout_ms = 5000\n".into();
+    let relay = Relay::start(env.config()?);
+    let c = env.sql().await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+    let prefix = format!("outboxd.heartbeat.{}", env.slot);
+    let hour_ago = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?
+        - Duration::from_secs(3600))
+    .as_micros()
+    .to_string();
+    for _ in 0..20 {
+        for forged in [
+            "-9223372036854775808".to_string(),
+            hour_ago.clone(),
+            format!("0000000000000000:{hour_ago}"),
+            "\u{1b}[2J".to_string(),
+        ] {
+            c.execute(
+                "SELECT pg_logical_emit_message(false, $1, $2)::text",
+                &[&prefix, &forged],
+            )
+            .await?;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // The status row (written every 5 s) reports the real delay, not an hour.
+    eventually(Duration::from_secs(15), || async {
+        let row = c
+            .query_opt(
+                "SELECT heartbeat_delay_s FROM outboxd_status WHERE slot = $1",
+                &[&env.slot],
+            )
+            .await?;
+        Ok(row
+            .and_then(|r| r.get::<_, Option<f64>>(0))
+            .is_some_and(|d| d < 60.0))
+    })
+    .await?;
+    // Still streaming: a real event goes through.
+    let id = Uuid::now_v7();
+    c.execute(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, \
+         event_type, payload) VALUES ($1, 'acct', 'HB', 1, 'Deposited', '{}')",
+        &[&id],
+    )
+    .await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+    relay.shutdown().await?;
+    Ok(())
+}

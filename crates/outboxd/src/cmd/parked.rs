@@ -182,7 +182,8 @@ async fn validate(
     event_id: &str,
     payload: &serde_json::Value,
 ) -> Result<(), RelayError> {
-    let Some(dir) = &cfg.validation.schema_dir else {
+    let Some(mut validator) = crate::poison::validate::Validator::from_config(&cfg.validation)
+    else {
         return Ok(());
     };
     let d = operator::show(sql, slot, event_id)
@@ -196,7 +197,7 @@ async fn validate(
         .map(|(_, v)| v)
         .unwrap_or_else(|| "1".into());
     let bytes = serde_json::to_vec(payload).unwrap_or_default();
-    crate::poison::validate::Validator::new(dir)
+    validator
         .check(
             d.event_type.as_deref().unwrap_or(""),
             &schema_version,

@@ -21,7 +21,10 @@ const RELAY_TABLES: [(&str, &str); 4] = [
 pub async fn check(cfg: &Config, sql: &Client) -> Vec<CheckLine> {
     match lines(cfg, sql).await {
         Ok(l) => l,
-        Err(e) => vec![CheckLine::fail("privileges", e.to_string())],
+        Err(e) => vec![CheckLine::fail(
+            "privileges",
+            crate::error::RelayError::from(e).to_string(),
+        )],
     }
 }
 
@@ -110,7 +113,11 @@ async fn lines(cfg: &Config, sql: &Client) -> Result<Vec<CheckLine>, tokio_postg
     if cfg.heartbeat.interval_ms > 0 {
         let emit: bool = sql
             .query_one(
-                "SELECT has_function_privilege('pg_logical_emit_message(boolean, text, text)', 'EXECUTE')",
+                // By oid: PostgreSQL 17 added a fourth argument (flush), so no one signature
+                // names the function on every version.
+                "SELECT coalesce(bool_or(has_function_privilege(oid, 'EXECUTE')), false) \
+                 FROM pg_proc WHERE proname = 'pg_logical_emit_message' \
+                   AND pronamespace = 'pg_catalog'::regnamespace",
                 &[],
             )
             .await?

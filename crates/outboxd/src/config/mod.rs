@@ -93,6 +93,10 @@ pub struct ValidationConfig {
     /// Directory of JSON Schemas, `<dir>/<event_type>/<schema_version>.json`; unset: no validation.
     #[serde(default)]
     pub schema_dir: Option<std::path::PathBuf>,
+    /// An event whose type and version have no schema file is poison (`schema_invalid`)
+    /// instead of passing unvalidated.
+    #[serde(default, deserialize_with = "lenient")]
+    pub require_schema: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -598,6 +602,13 @@ dsn = "postgres://u@127.0.0.1:5432/app"
         assert!(e("[source]\n", &[]).contains("dsn"));
         assert!(e(BASE, &[("OUTBOXD_SOURCE_SLOT", "Bad-Slot")]).contains("source.slot"));
         assert!(e(BASE, &[("OUTBOXD_SINK_KAFKA_ACKS", "1")]).contains("acks=all"));
+        // librdkafka's alias of acks, and other spellings, are held to the same rule.
+        let alias = format!("{BASE}\"request.required.acks\" = \"1\"\n");
+        assert!(e(&alias, &[]).contains("request.required.acks"));
+        let upper = format!("{BASE}\"enable.idempotence\" = \"False\"\n");
+        assert!(e(&upper, &[]).contains("enable.idempotence"));
+        let fine = format!("{BASE}\"request.required.acks\" = \"-1\"\n");
+        Config::from_toml_and_env(&fine, env(&[])).unwrap();
         assert!(e(BASE, &[("OUTBOXD_SINK_TOPIC", "x.{nope}")]).contains("{nope}"));
         // Not ours (Kubernetes service links, other tools): ignored and reported, not fatal.
         let c = Config::from_toml_and_env(

@@ -61,15 +61,19 @@ impl Config {
             ));
         }
         crate::relay::kafka::oidc::OidcConfig::from_kafka(&self.sink.kafka).map_err(invalid)?;
-        for (k, v) in [
-            ("enable.idempotence", "false"),
-            ("acks", "0"),
-            ("acks", "1"),
+        // The delivery guarantee, under every name librdkafka accepts for it (`acks` has the
+        // alias `request.required.acks`): only the safe values, whatever the spelling.
+        for (k, safe) in [
+            ("enable.idempotence", &["true"][..]),
+            ("acks", &["all", "-1"][..]),
+            ("request.required.acks", &["all", "-1"][..]),
         ] {
-            if self.sink.kafka.get(k).map(String::as_str) == Some(v) {
-                return Err(invalid(format!(
-                    "sink.kafka.\"{k}\" = \"{v}\" would allow lost or reordered events; outboxd requires enable.idempotence=true and acks=all"
-                )));
+            if let Some(v) = self.sink.kafka.get(k) {
+                if !safe.contains(&v.trim().to_ascii_lowercase().as_str()) {
+                    return Err(invalid(format!(
+                        "sink.kafka.\"{k}\" = \"{v}\" would allow lost or reordered events; outboxd requires enable.idempotence=true and acks=all (leave both unset)"
+                    )));
+                }
             }
         }
         // Intervals become deadlines (`Instant + interval`, doubled backoffs): beyond a year

@@ -21,6 +21,9 @@ pub const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 /// calls [`Watch::tick`]; it never reaches into the session's state.
 pub struct Watch {
     hb_prefix: String,
+    /// This session's heartbeat token: any role may write a logical message with our prefix
+    /// (`pg_logical_emit_message`), so only messages carrying the token count as heartbeats.
+    hb_token: String,
     hb_interval: Option<Duration>,
     stall_timeout: Duration,
     next_hb: Instant,
@@ -50,6 +53,12 @@ impl Watch {
         let hb = cfg.heartbeat.interval_ms;
         Self {
             hb_prefix: format!("outboxd.heartbeat.{}", cfg.source.slot),
+            hb_token: {
+                use std::hash::BuildHasher;
+                // Random per process (std seeds RandomState from the OS) and per session.
+                let h = std::collections::hash_map::RandomState::new().hash_one(now_us());
+                format!("{h:016x}")
+            },
             hb_interval: (hb > 0).then(|| Duration::from_millis(hb)),
             stall_timeout: Duration::from_millis(cfg.heartbeat.stall_timeout_ms),
             next_hb: now,
@@ -96,17 +105,23 @@ impl Watch {
         self.ignored.increment(1);
     }
 
-    /// A heartbeat came back through the stream: its content is the emit time (unix µs).
-    pub fn on_heartbeat(&mut self, content: &[u8]) {
-        let sent: Option<i64> = std::str::from_utf8(content)
+    /// A message with the heartbeat prefix came back through the stream. Ours carry
+    /// `<token>:<emit time, unix µs>`; anything else (another session's forgery, an earlier
+    /// session's heartbeat) is ignored. Returns whether it was ours.
+    pub fn on_heartbeat(&mut self, content: &[u8]) -> bool {
+        let Some(sent) = std::str::from_utf8(content)
             .ok()
-            .and_then(|s| s.parse().ok());
-        let delay = sent
-            .map(|s| (now_us() - s).max(0) as f64 / 1e6)
-            .unwrap_or(0.0);
+            .and_then(|s| s.split_once(':'))
+            .filter(|(token, _)| *token == self.hb_token)
+            .and_then(|(_, us)| us.parse::<i64>().ok())
+        else {
+            return false;
+        };
+        let delay = now_us().saturating_sub(sent).max(0) as f64 / 1e6;
         self.last_hb = Some((Instant::now(), delay));
         self.last_hb_wall = Some(now_us());
         self.hb_delay.set(delay);
+        true
     }
 
     pub fn parked_gauges(&mut self, stats: &[(String, String, i64, f64)]) {
@@ -226,7 +241,7 @@ impl Watch {
     }
 
     async fn emit_heartbeat(&mut self, v: &View<'_>, every: Duration) -> Result<(), RelayError> {
-        let stamp = now_us().to_string();
+        let stamp = format!("{}:{}", self.hb_token, now_us());
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&self.hb_prefix, &stamp];
         let q = v.sql.query_one(
             "SELECT pg_logical_emit_message(false, $1, $2)::text",

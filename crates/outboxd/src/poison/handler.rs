@@ -54,7 +54,7 @@ impl PoisonHandler {
             observed,
             topic: TopicTemplate::parse(&cfg.sink.topic)?,
             topic_buf: String::new(),
-            validator: cfg.validation.schema_dir.as_ref().map(Validator::new),
+            validator: Validator::from_config(&cfg.validation),
         })
     }
 

@@ -7,13 +7,23 @@ use std::path::PathBuf;
 
 pub struct Validator {
     dir: PathBuf,
+    /// No schema file for an event's type and version is a failure, not a pass.
+    require: bool,
     /// Compiled schemas by (event_type, schema_version); `None` = no schema file.
     cache: HashMap<(String, String), Option<jsonschema::Validator>>,
 }
 
 impl Validator {
+    /// The validator `[validation]` asks for (None: no schema_dir, nothing is validated).
+    pub fn from_config(cfg: &crate::config::ValidationConfig) -> Option<Self> {
+        let mut v = Self::new(cfg.schema_dir.as_ref()?);
+        v.require = cfg.require_schema;
+        Some(v)
+    }
+
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
+            require: false,
             dir: dir.into(),
             cache: HashMap::new(),
         }
@@ -32,6 +42,14 @@ impl Validator {
             self.cache.insert(key.clone(), compiled);
         }
         let Some(v) = self.cache.get(&key).and_then(Option::as_ref) else {
+            if self.require {
+                return Err(format!(
+                    "no schema {}/{}/{}.json and validation.require_schema = true",
+                    self.dir.display(),
+                    event_type,
+                    schema_version
+                ));
+            }
             return Ok(());
         };
         let value: serde_json::Value =
@@ -39,7 +57,13 @@ impl Validator {
         let errors: Vec<String> = v
             .iter_errors(&value)
             .take(5)
-            .map(|e| format!("{} at {}", e, e.instance_path()))
+            // Field and rule only: the error's own text quotes the offending value, and this
+            // message goes to logs, outbox_parked and `outboxd status`.
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                let at = if at.is_empty() { "/".to_string() } else { at };
+                format!("{at} violates {}", e.schema_path())
+            })
             .collect();
         if errors.is_empty() {
             Ok(())
@@ -99,14 +123,27 @@ mod tests {
             .check("OrderPlaced", "1", br#"{"order_id": 5}"#)
             .unwrap_err();
         assert!(
-            err.contains("OrderPlaced/1.json") && err.contains("order_id"),
+            err.contains("OrderPlaced/1.json")
+                && err.contains("/order_id violates /properties/order_id/type"),
             "{err}"
         );
+        // Never the value itself: payloads may carry personal data.
+        let err = v
+            .check("OrderPlaced", "1", br#"{"order_id": 424242}"#)
+            .unwrap_err();
+        assert!(!err.contains("424242"), "{err}");
         assert!(
             v.check("OrderPlaced", "2", br#"{}"#).is_ok(),
             "no schema for v2"
         );
         assert!(v.check("../etc", "1", br#"{}"#).is_ok());
+        v.require = true;
+        let err = v.check("OrderPlaced", "2", br#"{}"#).unwrap_err();
+        assert!(err.contains("require_schema"), "{err}");
+        assert!(
+            v.check("../etc", "1", br#"{}"#).is_err(),
+            "a hostile name has no schema"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }

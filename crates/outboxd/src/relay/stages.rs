@@ -70,7 +70,7 @@ impl Stages {
             values: Vec::new(),
             topic_buf: String::new(),
             ignored: 0,
-            validator: cfg.validation.schema_dir.as_ref().map(Validator::new),
+            validator: Validator::from_config(&cfg.validation),
             in_flight: InFlight::new(confirmed),
             poison,
             watch: Watch::new(cfg),
@@ -194,7 +194,9 @@ impl Stages {
                 prefix,
                 content,
             } if self.watch.is_heartbeat(&prefix) => {
-                self.watch.on_heartbeat(&content);
+                if !self.watch.on_heartbeat(&content) {
+                    tracing::debug!("ignored a heartbeat message that is not this session's");
+                }
                 // Like a keepalive: with nothing in flight its position is safe to confirm.
                 self.in_flight.keepalive(lsn.0);
             }
@@ -270,7 +272,7 @@ impl Stages {
                 let rec = mapping
                     .partial(values)
                     .ok_or(RelayError::Route(e.clone()))?;
-                return self.park(rec, "invalid_event", &e.to_string()).await;
+                return self.park(rec, e.class(), &e.to_string()).await;
             }
         };
         let blocked_by =

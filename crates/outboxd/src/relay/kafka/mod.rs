@@ -251,7 +251,14 @@ pub fn client_config(cfg: &Config) -> ClientConfig {
         .get("sasl.oauthbearer.method")
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("oidc"));
     for (k, v) in kafka {
-        if !(oidc && crate::relay::kafka::oidc::is_oidc_key(k)) {
+        // The guarantee's own keys are set below, once: passing an alias as well would let
+        // librdkafka apply the two in hash-map order (validation allows only safe values).
+        let enforced = matches!(
+            k.as_str(),
+            "enable.idempotence" | "acks" | "request.required.acks"
+        );
+        let ours = oidc && crate::relay::kafka::oidc::is_oidc_key(k);
+        if !(enforced || ours) {
             cc.set(k, v);
         }
     }

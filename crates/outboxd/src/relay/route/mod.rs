@@ -31,6 +31,15 @@ pub enum RouteError {
     NotUtf8(&'static str),
     #[error("headers column is not a JSON object of strings: {0}")]
     BadHeaders(String),
+    /// Consumers deduplicate by `event_id` and the inbox parses it as a UUID.
+    #[error("event_id is not a UUID; consumers deduplicate by it (the inbox refuses the record)")]
+    EventIdNotUuid,
+    /// A text payload column carries something that is not JSON (json/jsonb columns cannot).
+    #[error("payload is not JSON: {0}")]
+    PayloadNotJson(String),
+    /// pgoutput sends bytea as `\x…` text: the record would carry that text, not the bytes.
+    #[error("payload column `{column}` of {table} is bytea; outboxd publishes JSON: use a json or jsonb column (or text holding JSON)")]
+    BinaryPayload { table: String, column: String },
     /// A row may not set a header the relay derives from its columns: consumers deduplicate
     /// and order by them, so a spoofed `event_id` or `aggregate_version` would defeat both.
     #[error("headers column sets `{0}`, which outboxd derives from the row's columns ({RESERVED}); a row may not override the event's identity: rename the header")]
@@ -66,7 +75,10 @@ impl RouteError {
             Self::MissingColumn { .. }
             | Self::NullField(_)
             | Self::NotUtf8(_)
-            | Self::BadHeaders(_) => "invalid_event",
+            | Self::BadHeaders(_)
+            | Self::EventIdNotUuid
+            | Self::PayloadNotJson(_)
+            | Self::BinaryPayload { .. } => "invalid_event",
         }
     }
 }
@@ -83,6 +95,26 @@ pub struct RowMapping {
     schema_version: Option<usize>,
     headers: Option<usize>,
     created_at: Option<usize>,
+    /// The payload column is text-like, not json/jsonb: each value is checked to be JSON.
+    payload_unchecked: bool,
+}
+
+/// Postgres type OIDs of the payload column that matter here.
+const JSON_OID: u32 = 114;
+const JSONB_OID: u32 = 3802;
+const BYTEA_OID: u32 = 17;
+
+/// Hyphenated (Postgres's uuid output, any case) or 32 hex digits: what the inbox parses.
+fn is_uuid(s: &str) -> bool {
+    let b = s.as_bytes();
+    match b.len() {
+        32 => b.iter().all(u8::is_ascii_hexdigit),
+        36 => b.iter().enumerate().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => *c == b'-',
+            _ => c.is_ascii_hexdigit(),
+        }),
+        _ => false,
+    }
 }
 
 impl RowMapping {
@@ -111,12 +143,21 @@ impl RowMapping {
                 p
             }
         };
+        let payload = req(&names.payload, "payload")?;
+        let payload_type = rel.columns[payload].type_oid;
+        if payload_type == BYTEA_OID {
+            return Err(RouteError::BinaryPayload {
+                table: format!("{}.{}", rel.namespace, rel.name),
+                column: names.payload.clone(),
+            });
+        }
         Ok(Self {
+            payload_unchecked: payload_type != JSON_OID && payload_type != JSONB_OID,
             event_id: req(&names.event_id, "event_id")?,
             aggregate_type: req(&names.aggregate_type, "aggregate_type")?,
             aggregate_id: req(&names.aggregate_id, "aggregate_id")?,
             event_type: req(&names.event_type, "event_type")?,
-            payload: req(&names.payload, "payload")?,
+            payload,
             aggregate_version: opt(&names.aggregate_version),
             schema_version: opt(&names.schema_version),
             headers: opt(&names.headers),
@@ -137,12 +178,21 @@ impl RowMapping {
             Some(i) if matches!(vals.get(i), Some(Value::Text(_))) => text(i, f).map(Some),
             _ => Ok(None),
         };
+        let event_id = text(self.event_id, "event_id")?;
+        if !is_uuid(event_id) {
+            return Err(RouteError::EventIdNotUuid);
+        }
+        let payload = bytes(self.payload, "payload")?;
+        if self.payload_unchecked {
+            serde_json::from_slice::<serde::de::IgnoredAny>(payload)
+                .map_err(|e| RouteError::PayloadNotJson(e.to_string()))?;
+        }
         Ok(Event {
-            event_id: text(self.event_id, "event_id")?,
+            event_id,
             aggregate_type: text(self.aggregate_type, "aggregate_type")?,
             aggregate_id: text(self.aggregate_id, "aggregate_id")?,
             event_type: text(self.event_type, "event_type")?,
-            payload: bytes(self.payload, "payload")?,
+            payload,
             aggregate_version: opt_text(self.aggregate_version, "aggregate_version")?,
             schema_version: opt_text(self.schema_version, "schema_version")?,
             headers: opt_text(self.headers, "headers")?,
@@ -413,7 +463,7 @@ mod tests {
         let names = Columns::default().resolve().unwrap();
         let m = RowMapping::resolve(&names, &rel(ALL), &mut vec![]).unwrap();
         let vals = [
-            Value::Text(b"e1"),
+            Value::Text(b"0193a5e2-7c1d-7000-8000-000000000001"),
             Value::Text(b"order"),
             Value::Text(b"o-1"),
             Value::Text(b"3"),
@@ -476,11 +526,38 @@ mod tests {
         let names = Columns::default().resolve().unwrap();
         let m = RowMapping::resolve(&names, &rel(ALL), &mut vec![]).unwrap();
         let mut vals = vec![Value::Text(b"x"); 9];
+        vals[0] = Value::Text(b"0193A5E27C1D70008000000000000001");
+        vals[6] = Value::Text(b"{}");
         vals[2] = Value::Null;
         assert_eq!(
             m.event(&vals).unwrap_err(),
             RouteError::NullField("aggregate_id")
         );
+    }
+
+    #[test]
+    fn what_the_stream_may_carry() {
+        let names = Columns::default().resolve().unwrap();
+        let m = RowMapping::resolve(&names, &rel(ALL), &mut vec![]).unwrap();
+        let mut vals = vec![Value::Text(b"x"); 9];
+        vals[6] = Value::Text(b"{}");
+        // Not a UUID (consumers deduplicate by it): a class of its own, parked.
+        assert_eq!(m.event(&vals).unwrap_err(), RouteError::EventIdNotUuid);
+        vals[0] = Value::Text(b"0193a5e2-7c1d-7000-8000-000000000001");
+        // A text payload column must hold JSON (json/jsonb columns always do).
+        vals[6] = Value::Text(b"not json");
+        assert!(matches!(m.event(&vals), Err(RouteError::PayloadNotJson(_))));
+        let mut r = rel(ALL);
+        r.columns[6].type_oid = JSONB_OID;
+        let m = RowMapping::resolve(&names, &r, &mut vec![]).unwrap();
+        assert!(!m.payload_unchecked);
+        // bytea would go out as `\x…` text: refused when the Relation arrives.
+        r.columns[6].type_oid = BYTEA_OID;
+        assert!(matches!(
+            RowMapping::resolve(&names, &r, &mut vec![]),
+            Err(RouteError::BinaryPayload { .. })
+        ));
+        assert!(!is_uuid("") && !is_uuid("0193a5e2+7c1d-7000-8000-000000000001"));
     }
 
     #[test]
