@@ -503,3 +503,51 @@ async fn forged_heartbeats_are_ignored() -> anyhow::Result<()> {
     relay.shutdown().await?;
     Ok(())
 }
+
+/// Every new event type used to add Prometheus series (and topics add more): a writer of ever
+/// new types grew the scrape without bound. Beyond the label budget they count as `other`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metric_labels_stay_bounded_under_a_flood_of_event_types() -> anyhow::Result<()> {
+    let mut env = Env::start("hostile_labels").await?;
+    let maddr = format!("127.0.0.1:{}", outboxd_tests::testkit::free_port());
+    env.extra_toml = format!("[metrics]\nlisten = \"{maddr}\"\n");
+    let cfg = env.config_file()?;
+    let _relay = RelayProcess::spawn(&cfg, env.dir.path().join("relay.log"))?;
+    let c = env.sql().await?;
+    c.batch_execute(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload) \
+         SELECT gen_random_uuid(), 'acct', 'L' || i, 1, 'Type' || i, '{}' FROM generate_series(1, 260) i",
+    )
+    .await?;
+    env.caught_up(Duration::from_secs(60)).await?;
+    let scrape = || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&maddr).ok()?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).ok()?;
+        Some(buf)
+    };
+    let mut text = String::new();
+    eventually(Duration::from_secs(20), || {
+        text = scrape().unwrap_or_default();
+        let done = text.contains("event_type=\"other\"");
+        async move { Ok(done) }
+    })
+    .await?;
+    let published: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("outboxd_events_published_total{"))
+        .collect();
+    assert!(published.len() <= 201, "{} series", published.len());
+    let total: f64 = published
+        .iter()
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(total, 260.0, "every event counted once, folded or not");
+    Ok(())
+}

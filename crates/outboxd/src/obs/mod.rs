@@ -7,6 +7,7 @@
 
 pub(crate) mod errors;
 mod http;
+pub(crate) mod labels;
 pub(crate) mod status_row;
 pub(crate) mod watch;
 
@@ -206,6 +207,8 @@ pub struct BrokerIssue {
 pub struct Observed {
     pub health: Health,
     pub errors: errors::Counts,
+    /// Bounded `event_type` and `topic` label values.
+    pub labels: labels::Labels,
     /// Producer sessions started: a delivery after a restart is a later attempt (R25).
     pub sessions: std::sync::atomic::AtomicU64,
 }

@@ -124,10 +124,23 @@ impl Watch {
         true
     }
 
-    pub fn parked_gauges(&mut self, stats: &[(String, String, i64, f64)]) {
+    /// Parked-event gauges from `stats` (per event type and state, types beyond the label
+    /// budget summed as `other`).
+    pub fn parked_gauges(
+        &mut self,
+        stats: &[(String, String, i64, f64)],
+        labels: &obs::labels::Labels,
+    ) {
+        let mut folded: HashMap<(String, String), (i64, f64)> = HashMap::new();
+        for (event_type, state, count, age) in stats {
+            let key = (labels.event_type(event_type).into_owned(), state.clone());
+            let e = folded.entry(key).or_insert((0, 0.0));
+            e.0 += count;
+            e.1 = e.1.max(*age);
+        }
         let mut now_seen = HashSet::new();
         let mut oldest: HashMap<&str, f64> = HashMap::new();
-        for (event_type, state, count, age) in stats {
+        for ((event_type, state), (count, age)) in &folded {
             metrics::gauge!(obs::PARKED, "event_type" => event_type.clone(), "state" => state.clone())
                 .set(*count as f64);
             let o = oldest.entry(event_type).or_insert(0.0);

@@ -82,9 +82,10 @@ impl PoisonHandler {
     ) -> Result<(), RelayError> {
         let event_type = rec.event_type.clone().unwrap_or_default();
         let pol = self.policy.for_type(&event_type);
-        metrics::counter!(crate::obs::POISON, "event_type" => event_type.clone(), "class" => class.to_string())
+        let label = self.observed.labels.event_type(&event_type).into_owned();
+        metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class.to_string())
             .increment(1);
-        self.observed.errors.record(class, &event_type);
+        self.observed.errors.record(class, &label);
         if pol.on_poison == OnPoison::Halt {
             return Err(RelayError::Halted {
                 event_id: rec.event_id,
@@ -146,7 +147,8 @@ impl PoisonHandler {
         ))
         .await?;
         let event_type = rec.event_type.as_deref().unwrap_or("");
-        metrics::counter!(crate::obs::BLOCKED, "event_type" => event_type.to_string()).increment(1);
+        let label = self.observed.labels.event_type(event_type).into_owned();
+        metrics::counter!(crate::obs::BLOCKED, "event_type" => label).increment(1);
         tracing::warn!(
             event_id = %rec.event_id,
             aggregate_id = rec.aggregate_id.as_deref().unwrap_or(""),

@@ -38,6 +38,10 @@ impl Validator {
     ) -> Result<(), String> {
         let key = (event_type.to_string(), schema_version.to_string());
         if !self.cache.contains_key(&key) {
+            // Keys come from the stream: a flood of new event types must not grow it forever.
+            if self.cache.len() >= 1024 {
+                self.cache.clear();
+            }
             let compiled = self.load(event_type, schema_version)?;
             self.cache.insert(key.clone(), compiled);
         }

@@ -7,6 +7,7 @@
 //! grows, so memory follows the in-flight window, not the stream.
 
 use crate::obs;
+use crate::obs::labels::Labels;
 use crate::relay::ack::{AckTracker, ProtocolError, Seq};
 use metrics::{Counter, Histogram};
 use std::collections::{HashMap, VecDeque};
@@ -71,15 +72,17 @@ impl InFlight {
         self.tracker.keepalive(wal_end);
     }
 
-    /// An event of `size` bytes, counted under `(event_type, topic)`, goes to the producer.
+    /// An event of `size` bytes, counted under `(event_type, topic)` (as `labels` bounds
+    /// them), goes to the producer.
     pub fn add(
         &mut self,
         event_type: &str,
         topic: &str,
         size: usize,
+        labels: &Labels,
     ) -> Result<Seq, ProtocolError> {
         let seq = self.tracker.add_event()?;
-        let label = self.label(event_type, topic);
+        let label = self.label(event_type, topic, labels);
         self.meta.push_back(label);
         self.bytes += size;
         self.sizes.push_back((seq, size));
@@ -155,8 +158,15 @@ impl InFlight {
         self.labels.get(l as usize)
     }
 
-    /// Interned `(event_type, topic)` label of the published-events counter.
-    fn label(&mut self, event_type: &str, topic: &str) -> u32 {
+    /// Interned `(event_type, topic)` label of the published-events counter. Only label
+    /// values (admitted ones and `other`) are interned: a stream of ever new event types costs
+    /// a budget lookup per event, never memory.
+    fn label(&mut self, event_type: &str, topic: &str, budget: &Labels) -> u32 {
+        if let Some(&i) = self.label_idx.get(event_type).and_then(|m| m.get(topic)) {
+            return i;
+        }
+        let (event_type, topic) = (budget.event_type(event_type), budget.topic(topic));
+        let (event_type, topic) = (event_type.as_ref(), topic.as_ref());
         if let Some(&i) = self.label_idx.get(event_type).and_then(|m| m.get(topic)) {
             return i;
         }
@@ -201,8 +211,8 @@ mod tests {
     fn bytes_and_labels_follow_the_acknowledged_prefix() {
         let mut f = InFlight::new(10);
         f.begin_at(1).unwrap();
-        let a = f.add("Paid", "t", 100).unwrap();
-        let b = f.add("Shipped", "t", 50).unwrap();
+        let a = f.add("Paid", "t", 100, &Labels::default()).unwrap();
+        let b = f.add("Shipped", "t", 50, &Labels::default()).unwrap();
         f.commit(20).unwrap();
         assert_eq!((f.events(), f.bytes()), (2, 150));
         assert_eq!(f.oldest_pending().len(), 2);
@@ -218,7 +228,7 @@ mod tests {
     fn a_failed_event_names_its_type_and_stops_the_confirm() {
         let mut f = InFlight::new(10);
         f.begin_at(1).unwrap();
-        let a = f.add("Paid", "t", 1).unwrap();
+        let a = f.add("Paid", "t", 1, &Labels::default()).unwrap();
         f.commit(20).unwrap();
         assert_eq!(f.failed(a), Some("Paid"));
         assert_eq!(f.confirmed(), 10);
@@ -230,7 +240,7 @@ mod tests {
         // Insert before Begin (a broken or hostile server): nothing is tracked.
         assert_eq!(f.check_open(), Err(ProtocolError::InsertWithoutBegin));
         assert_eq!(
-            f.add("Paid", "t", 1),
+            f.add("Paid", "t", 1, &Labels::default()),
             Err(ProtocolError::InsertWithoutBegin)
         );
         assert_eq!((f.events(), f.bytes()), (0, 0));
@@ -246,7 +256,7 @@ mod tests {
     fn hostile_commit_times_do_not_overflow() {
         let mut f = InFlight::new(0);
         f.begin_at(i64::MIN).unwrap();
-        let a = f.add("Paid", "t", 1).unwrap();
+        let a = f.add("Paid", "t", 1, &Labels::default()).unwrap();
         f.commit(1).unwrap();
         f.delivered(a);
         f.begin_at(i64::MAX).unwrap();

@@ -119,7 +119,7 @@ impl Stages {
     /// Periodic: pick up operator repairs and refresh the parked-event gauges.
     pub async fn repair_tick(&mut self, producer: &Producer) -> Result<(), RelayError> {
         let stats = self.poison.repair_tick(&self.sql, producer).await?;
-        self.watch.parked_gauges(&stats);
+        self.watch.parked_gauges(&stats, &self.observed.labels);
         Ok(())
     }
 
@@ -299,9 +299,12 @@ impl Stages {
             }
         }
         self.topic.render(&event, &mut self.topic_buf);
-        let seq = self
-            .in_flight
-            .add(event.event_type, &self.topic_buf, event.size())?;
+        let seq = self.in_flight.add(
+            event.event_type,
+            &self.topic_buf,
+            event.size(),
+            &self.observed.labels,
+        )?;
         // A synchronous refusal arrives as an Ack before the session reads the next event.
         producer.send(&self.topic_buf, &event, seq).await;
         fail::hit("produced");
