@@ -551,3 +551,57 @@ async fn metric_labels_stay_bounded_under_a_flood_of_event_types() -> anyhow::Re
     assert_eq!(total, 260.0, "every event counted once, folded or not");
     Ok(())
 }
+
+/// Terminal escape sequences written into a row reach an operator's terminal through `parked
+/// list` and `show`: they are escaped. And `OUTBOXD_*` variables that are not ours (Kubernetes
+/// injects `OUTBOXD_PORT=tcp://…` for a Service named outboxd) no longer abort the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escape_sequences_and_stray_variables_do_no_harm() -> anyhow::Result<()> {
+    let env = Env::start("hostile_escapes").await?;
+    let cfg = env.config_file()?;
+    let relay = Relay::start(env.config()?);
+    let c = env.sql().await?;
+    let id = Uuid::now_v7();
+    c.execute(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, \
+         payload, headers) VALUES ($1, 'acct', E'A\\x1b[2J\\x1b]0;pwned\\x07', 1, E'Dep\\x1b[31m', \
+         '{\"note\": \"\\u001b[2J\"}', '{\"event_id\": \"x\"}')",
+        &[&id],
+    )
+    .await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(relay_bin())
+            .args(args)
+            .arg("--config")
+            .arg(&cfg)
+            .env("OUTBOXD_PORT", "tcp://10.0.0.1:9187")
+            .env("OUTBOXD_SERVICE_HOST", "10.0.0.1")
+            .output()
+            .expect("run outboxd");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code().unwrap_or(-1), text)
+    };
+    let id = id.to_string();
+    for args in [vec!["parked", "list"], vec!["parked", "show", &id]] {
+        let (code, out) = run(&args);
+        assert_eq!(code, 0, "{args:?}: {out}");
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}'),
+            "{args:?}: raw control characters in {out:?}"
+        );
+        assert!(out.contains("\\u{1b}[2J"), "{args:?}: {out}");
+    }
+    let (code, out) = run(&["check"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("OUTBOXD_PORT") && out.contains("ignored"),
+        "{out}"
+    );
+    relay.shutdown().await?;
+    Ok(())
+}

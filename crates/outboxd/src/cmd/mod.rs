@@ -69,15 +69,21 @@ pub enum Cmd {
 #[derive(clap::Args, Debug)]
 pub struct ConfigArg {
     /// TOML config file; every key can be overridden by `OUTBOXD_<SECTION>_<KEY>`.
-    #[arg(long, short, env = "OUTBOXD_CONFIG")]
-    pub config: PathBuf,
+    /// Global: goes before or after a subcommand (`parked list --config F`).
+    #[arg(long, short, env = "OUTBOXD_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
 }
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal (and never with NO_COLOR, no-color.org): files,
+    // pipes and log collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => b.json().init(),
@@ -133,6 +139,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Parked { config, .. } => config.config.clone(),
         Cmd::Recover { config, .. } => config.config.clone(),
     };
+    let path = path.context("a config file is needed: --config FILE (or env OUTBOXD_CONFIG)")?;
     let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
     init_logging(cfg.log.format);
     for name in &cfg.ignored_env {
