@@ -520,21 +520,9 @@ async fn metric_labels_stay_bounded_under_a_flood_of_event_types() -> anyhow::Re
     )
     .await?;
     env.caught_up(Duration::from_secs(60)).await?;
-    let scrape = || {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&maddr).ok()?;
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).ok()?;
-        Some(buf)
-    };
     let mut text = String::new();
     eventually(Duration::from_secs(20), || {
-        text = scrape().unwrap_or_default();
+        text = scrape(&maddr);
         let done = text.contains("event_type=\"other\"");
         async move { Ok(done) }
     })
@@ -603,5 +591,81 @@ async fn escape_sequences_and_stray_variables_do_no_harm() -> anyhow::Result<()>
         "{out}"
     );
     relay.shutdown().await?;
+    Ok(())
+}
+
+/// The relay's /metrics text ("" while it does not answer).
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let get = || {
+        let mut s = std::net::TcpStream::connect(addr).ok()?;
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).ok()?;
+        Some(buf)
+    };
+    get().unwrap_or_default()
+}
+
+/// The sum of `outboxd_events_published_total` over its series.
+fn published(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("outboxd_events_published_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Every acknowledged event counts once in `outboxd_events_published_total`, whether live,
+/// released or repaired (issue 17: a repaired event and the one released behind it used to
+/// count nowhere): the counter equals what the topic holds after park → retry → release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_counts_every_acknowledged_event_once() -> anyhow::Result<()> {
+    let mut env = Env::start("counts").await?;
+    let maddr = format!("127.0.0.1:{}", outboxd_tests::testkit::free_port());
+    env.extra_toml = format!("[metrics]\nlisten = \"{maddr}\"\n");
+    let toml = env
+        .toml()
+        .replace("[relay]\n", "[relay]\nrepair_interval_ms = 200\n");
+    let cfg = env.dir.path().join("counts.toml");
+    std::fs::write(&cfg, &toml)?;
+    let _relay = RelayProcess::spawn(&cfg, env.dir.path().join("relay.log"))?;
+    let c = env.sql().await?;
+    let insert = "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                  event_type, payload, headers) VALUES ($1, 'acct', $2, $3, 'Deposited', '{}', $4::text::jsonb)";
+    let head = Uuid::now_v7();
+    let spoof = r#"{"event_id": "x"}"#.to_string();
+    c.execute(insert, &[&head, &"C-1", &1i64, &spoof]).await?;
+    let none = "{}".to_string();
+    c.execute(insert, &[&Uuid::now_v7(), &"C-1", &2i64, &none])
+        .await?;
+    c.execute(insert, &[&Uuid::now_v7(), &"C-2", &1i64, &none])
+        .await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+    let head = head.to_string();
+    let (code, out) = outboxd_cli(&["parked", "retry", &head, "--reason", "fixed"], &cfg);
+    assert_eq!(code, 0, "{out}");
+    let mut recs = Vec::new();
+    for _ in 0..30 {
+        recs = read_topic(
+            &env.bootstrap(),
+            "outbox.event.acct",
+            3,
+            Duration::from_secs(2),
+        )?;
+        if recs.len() >= 3 {
+            break;
+        }
+    }
+    assert_eq!(recs.len(), 3);
+    eventually(Duration::from_secs(10), || {
+        let n = published(&scrape(&maddr));
+        async move { Ok(n == 3.0) }
+    })
+    .await?;
     Ok(())
 }

@@ -44,6 +44,12 @@ async fn bad_setups_fail_fast_with_the_fix() -> anyhow::Result<()> {
         "{text}"
     );
 
+    // A missing file is named once, with its reason once.
+    let (code, text, _) = outboxd(&["check"], &env.dir.path().join("nope.toml"));
+    assert_ne!(code, 0);
+    assert_eq!(text.matches("No such file").count(), 1, "{text}");
+    assert_eq!(text.matches("nope.toml").count(), 1, "{text}");
+
     // Bad config: unknown key, missing broker, unsafe producer settings.
     let bad = env.dir.path().join("bad.toml");
     std::fs::write(
@@ -82,9 +88,26 @@ async fn bad_setups_fail_fast_with_the_fix() -> anyhow::Result<()> {
     assert_eq!(code, 0, "{text}");
     assert_eq!(outboxd(&["check"], &good).0, 0);
 
-    // Broker down: check names the broker.
+    // No slot yet: check says so once, without the replication client's own ERROR line.
+    env.sql()
+        .await?
+        .execute("SELECT pg_drop_replication_slot($1)", &[&env.slot])
+        .await?;
+    let (code, text, _) = outboxd(&["check"], &good);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("does not exist yet") && !text.contains("ERROR"),
+        "{text}"
+    );
+
+    // Broker down: check names the broker, in its table, without librdkafka's chatter.
     drop(env.broker);
     assert_fails(&["check"], &good, &["broker"]);
+    let (_, text, _) = outboxd(&["check"], &good);
+    assert!(
+        !text.contains("librdkafka") && text.lines().count() < 20,
+        "{text}"
+    );
     Ok(())
 }
 

@@ -74,9 +74,10 @@ pub struct ConfigArg {
     pub config: Option<PathBuf>,
 }
 
-fn init_logging(format: LogFormat) {
+/// `default` applies unless `RUST_LOG` is set.
+fn init_logging(format: LogFormat, default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     // Colour only for a person at a terminal (and never with NO_COLOR, no-color.org): files,
     // pipes and log collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
@@ -140,8 +141,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Recover { config, .. } => config.config.clone(),
     };
     let path = path.context("a config file is needed: --config FILE (or env OUTBOXD_CONFIG)")?;
-    let cfg = Config::load(&path).with_context(|| format!("config {}", path.display()))?;
-    init_logging(cfg.log.format);
+    // Read errors name the file themselves; the others get it as context.
+    let cfg = match Config::load(&path) {
+        Err(e @ crate::config::ConfigError::Read { .. }) => return Err(e.into()),
+        r => r.with_context(|| format!("config {}", path.display()))?,
+    };
+    // `check` prints its own table: the clients it tries (librdkafka, the replication client)
+    // would repeat each failure the table names, many times over.
+    let default_filter = match cli.cmd {
+        Cmd::Check(_) => "info,librdkafka=off,pgwire_replication=off",
+        _ => "info",
+    };
+    init_logging(cfg.log.format, default_filter);
     for name in &cfg.ignored_env {
         tracing::warn!(
             variable = %name,

@@ -16,11 +16,10 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// Not a `#[source]`: the reason is in the message, and a source would print it twice
+    /// in an error chain.
+    #[error("cannot read config file {path}: {err}")]
+    Read { path: String, err: std::io::Error },
     #[error("invalid config: {0}")]
     Invalid(String),
 }
@@ -356,9 +355,9 @@ where
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text =
-            secrets::read_bounded(path, MAX_CONFIG_FILE).map_err(|source| ConfigError::Read {
+            secrets::read_bounded(path, MAX_CONFIG_FILE).map_err(|err| ConfigError::Read {
                 path: path.display().to_string(),
-                source,
+                err,
             })?;
         Self::from_toml_and_env(&text, std::env::vars())
     }

@@ -21,6 +21,8 @@ struct Releasing {
     event_id: String,
     aggregate_type: Option<String>,
     aggregate_id: Option<String>,
+    /// The published-events counter it counts under once delivered.
+    published: metrics::Counter,
 }
 
 /// See the module docs. One per session.
@@ -200,11 +202,15 @@ impl PoisonHandler {
                 return Ok(());
             }
         };
+        let labels = &self.observed.labels;
+        let event_type = labels.event_type(record.event_type.as_deref().unwrap_or(""));
+        let topic = labels.topic(record.topic.as_deref().unwrap_or(""));
         self.releasing = Some(Releasing {
             id: r.id,
             event_id: r.record.event_id.clone(),
             aggregate_type: r.record.aggregate_type.clone(),
             aggregate_id: r.record.aggregate_id.clone(),
+            published: metrics::counter!(crate::obs::PUBLISHED, "event_type" => event_type.into_owned(), "topic" => topic.into_owned()),
         });
         // Its verdict, a synchronous refusal included, arrives as an Ack.
         producer.send_parked(&record, r.id).await;
@@ -226,6 +232,8 @@ impl PoisonHandler {
         match verdict {
             Verdict::Delivered => {
                 parking::mark_delivered(sql, rel.id).await?;
+                // Every acknowledged event counts once in published: live, released or repaired.
+                rel.published.increment(1);
                 tracing::info!(event_id = %rel.event_id, aggregate_id = rel.aggregate_id.as_deref().unwrap_or(""), "parked event delivered");
             }
             Verdict::Rejected { class, message, .. } => {

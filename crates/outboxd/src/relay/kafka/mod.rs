@@ -9,6 +9,7 @@
 //! which restarts from the slot's confirmed LSN and produces the same bytes again.
 
 pub(crate) mod hint;
+mod log;
 pub(crate) mod oidc;
 pub(crate) mod verdict;
 
@@ -76,6 +77,8 @@ pub struct Ctx {
     refused_at_ms: std::sync::atomic::AtomicU64,
     /// The relay's health (broker refusals) and error counts.
     observed: std::sync::Arc<crate::obs::Observed>,
+    /// De-duplicates and rate-limits librdkafka's reports (see `log`).
+    gate: log::Gate,
 }
 
 fn now_ms() -> u64 {
@@ -88,13 +91,25 @@ fn now_ms() -> u64 {
 impl ClientContext for Ctx {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
         let msg = self.redactor.scrub(msg);
-        match level {
+        let loud = matches!(
+            level,
             RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => tracing::error!(target: "librdkafka", fac, "{msg}"),
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", fac, "{msg}"),
-            _ => tracing::debug!(target: "librdkafka", fac, "{msg}"),
+                | RDKafkaLogLevel::Alert
+                | RDKafkaLogLevel::Critical
+                | RDKafkaLogLevel::Error
+                | RDKafkaLogLevel::Warning
+        );
+        if !loud {
+            tracing::debug!(target: "librdkafka", fac, "{msg}");
+            return;
+        }
+        // The error callback reports the same failures: it logs them (once per kind per
+        // window); here they go to debug unless the gate has not seen them.
+        match self.gate.pass(&msg) {
+            Some(held_back) => {
+                tracing::warn!(target: "librdkafka", fac, held_back, "{msg}")
+            }
+            None => tracing::debug!(target: "librdkafka", fac, "{msg}"),
         }
     }
 
@@ -103,7 +118,9 @@ impl ClientContext for Ctx {
         let reason = self.redactor.scrub(reason);
         let error = self.redactor.scrub(&error.to_string());
         let class = broker_error_class(code);
-        tracing::warn!(target: "librdkafka", error = %error, class, "{reason}");
+        if let Some(held_back) = self.gate.pass(&reason) {
+            tracing::warn!(target: "librdkafka", error = %error, class, held_back, "{reason}");
+        }
         metrics::counter!(crate::obs::BROKER_ERRORS, "class" => class).increment(1);
         self.observed.errors.broker(class);
         if matches!(class, "auth" | "tls") {
@@ -292,6 +309,7 @@ impl Producer {
                 redactor: cfg.redactor.clone(),
                 last_error: std::sync::Mutex::new(None),
                 refused_at_ms: std::sync::atomic::AtomicU64::new(0),
+                gate: log::Gate::default(),
             })
             // librdkafka refuses the configuration itself: retrying cannot help.
             .map_err(|e| {
