@@ -147,6 +147,12 @@ async fn metrics_status_and_readiness_match_ground_truth() -> anyhow::Result<()>
         Ok(m > 0.0 && m <= truth as f64)
     })
     .await?;
+    // `outboxd status` shows what /readyz knows (it used to say `errors {}`, `last error -`).
+    eventually(Duration::from_secs(30), || async {
+        let (_, out) = outboxd_cli(&["status"], &cfg);
+        Ok(out.contains("broker unreachable") && out.contains("5 event(s) wait"))
+    })
+    .await?;
     proxy.set_mode(Mode::Pass);
     eventually(Duration::from_secs(60), || async {
         let s = scrape();

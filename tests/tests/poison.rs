@@ -129,6 +129,14 @@ async fn oversized_event_parks_followers_then_retry_releases_them_in_order() -> 
         code == 0 && out.contains("Message size too large") || out.contains("too large"),
         "{out}"
     );
+    // A 30 KB payload is cut at 1 KiB unless --full (issue 17: 2 MB went to the terminal).
+    assert!(
+        out.len() < 5_000 && out.contains("--full shows everything"),
+        "{}",
+        out.len()
+    );
+    let (code, out) = outboxd_cli(&["parked", "show", &id, "--full"], &cfg);
+    assert!(code == 0 && out.len() > 30_000, "{}", out.len());
     let (code, out) = outboxd_cli(
         &[
             "parked",

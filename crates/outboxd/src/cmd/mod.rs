@@ -37,6 +37,7 @@ pub enum Cmd {
     Status {
         #[command(flatten)]
         config: ConfigArg,
+        /// Print JSON (for scripts and monitoring) instead of the table.
         #[arg(long)]
         json: bool,
     },
@@ -266,5 +267,34 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every argument of every command says what it is for in `--help`.
+    #[test]
+    fn every_argument_has_help() {
+        use clap::CommandFactory;
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (no about)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "outboxd", &mut missing);
+        assert!(missing.is_empty(), "without help: {missing:?}");
     }
 }

@@ -28,6 +28,9 @@ pub enum ParkedCmd {
     Show {
         /// The event's event_id (see `outboxd parked list`).
         event_id: String,
+        /// Print the whole payload and headers (by default each stops after 1 KiB).
+        #[arg(long)]
+        full: bool,
         #[command(flatten)]
         repair: RepairDsn,
     },
@@ -101,7 +104,7 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
     let slot = &cfg.source.slot;
     match cmd {
         ParkedCmd::List { all, json, .. } => list(&sql, slot, all, json).await,
-        ParkedCmd::Show { event_id, .. } => show(&sql, slot, &event_id).await,
+        ParkedCmd::Show { event_id, full, .. } => show(&sql, slot, &event_id, full).await,
         ParkedCmd::Retry {
             event_id,
             payload,
@@ -278,10 +281,30 @@ async fn list(
     Ok(out)
 }
 
+/// At most this much of a payload or of the headers unless `--full`.
+const SHOW_LIMIT: usize = 1024;
+
+/// `s`, cut after [`SHOW_LIMIT`] bytes (at a character boundary) unless `full`.
+fn clipped(s: String, full: bool) -> String {
+    if full || s.len() <= SHOW_LIMIT {
+        return s;
+    }
+    let mut end = SHOW_LIMIT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}… ({} bytes in all; --full shows everything)",
+        &s[..end],
+        s.len()
+    )
+}
+
 async fn show(
     sql: &tokio_postgres::Client,
     slot: &str,
     event_id: &str,
+    full: bool,
 ) -> Result<String, RelayError> {
     let d = operator::show(sql, slot, event_id)
         .await?
@@ -292,7 +315,7 @@ async fn show(
         printable(event_id), d.state, o(&d.event_type), o(&d.aggregate_type), o(&d.aggregate_id),
         d.aggregate_version.map(|v| v.to_string()).unwrap_or_default(),
         o(&d.topic), printable(&d.error_class), printable(&d.error_message), d.attempts,
-        d.first_seen, d.last_seen, o(&d.blocked_by), o(&d.headers), o(&d.payload),
+        d.first_seen, d.last_seen, o(&d.blocked_by), clipped(o(&d.headers), full), clipped(o(&d.payload), full),
     );
     for (at, action, operator, reason) in &d.audit {
         out.push_str(&format!(

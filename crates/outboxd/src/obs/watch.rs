@@ -311,7 +311,8 @@ impl Watch {
         // The broker refusing us (authentication, TLS) is retried by librdkafka within the
         // session, so the supervisor never records it: the status row shows it from here.
         let issue = v.observed.health.broker_issue_now();
-        let issue_text = issue.as_ref().map(|i| {
+        let mut issue_class = issue.as_ref().map(|i| i.class);
+        let mut issue_text = issue.as_ref().map(|i| {
             let since = chrono::DateTime::<chrono::Utc>::from(i.since);
             format!(
                 "since {}: {}",
@@ -319,6 +320,20 @@ impl Watch {
                 i.message
             )
         });
+        // What /readyz knows, `outboxd status` shows: no acknowledgement while events wait.
+        if issue.is_none() && !v.observed.health.broker_ok.load(Ordering::Relaxed) {
+            let silent = self.last_ack_at.elapsed();
+            let since =
+                chrono::DateTime::<chrono::Utc>::from(std::time::SystemTime::now() - silent);
+            issue_class = Some("down");
+            issue_text = Some(format!(
+                "since {}: broker unreachable: no acknowledgement for {}s while {} event(s) wait, the oldest for {:.0}s",
+                since.format("%Y-%m-%dT%H:%M:%SZ"),
+                silent.as_secs(),
+                v.in_flight.events(),
+                self.oldest_age
+            ));
+        }
         crate::obs::status_row::report(
             v.sql,
             &crate::obs::status_row::Report {
@@ -333,7 +348,7 @@ impl Watch {
                 errors: &errors,
                 halted: v.observed.health.halted.load(Ordering::Relaxed),
                 healthy,
-                issue_class: issue.as_ref().map(|i| i.class),
+                issue_class,
                 issue_text: issue_text.as_deref(),
             },
         )
