@@ -17,3 +17,12 @@ CREATE TABLE IF NOT EXISTS public.outboxd_status (
     last_error           text,
     next_attempt_at      timestamptz              -- when the failing relay tries again
 );
+
+-- Added later (idempotent upgrades; `outboxd init` and the relay apply them): the liveness
+-- signal of the instance that holds the slot, written every second by that instance while its
+-- walsender holds the slot. Standbys compare alive_at with now() (the server's clock) and fence
+-- a holder that went silent (relay.takeover_after_ms; docs/reliability.md, "Fencing").
+ALTER TABLE public.outboxd_status ADD COLUMN IF NOT EXISTS alive_at timestamptz;            -- last beat
+ALTER TABLE public.outboxd_status ADD COLUMN IF NOT EXISTS holder_pid integer;              -- its walsender's PID (pg_replication_slots.active_pid)
+ALTER TABLE public.outboxd_status ADD COLUMN IF NOT EXISTS holder_instance text;            -- host:pid of the holder
+ALTER TABLE public.outboxd_status ADD COLUMN IF NOT EXISTS holder_since timestamptz;        -- when its session took the slot

@@ -35,6 +35,9 @@ GRANT SELECT, INSERT, UPDATE ON public.outbox_parked, public.outboxd_status,
     public.outboxd_slot_state TO outboxd_relay;
 GRANT SELECT ON public.outbox_parked_audit TO outboxd_relay;
 GRANT USAGE ON SEQUENCE public.outbox_parked_id_seq TO outboxd_relay;
+-- Fencing (relay.takeover_after_ms): a standby terminates the walsender of a frozen active
+-- instance with pg_terminate_backend. For a walsender of the same role that needs nothing more;
+-- only if instances log in as different roles:  GRANT pg_signal_backend TO outboxd_relay;
 -- pg_logical_emit_message is executable by everyone by default; if your installation revoked
 -- it, heartbeats need: GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO outboxd_relay;
 

@@ -24,6 +24,15 @@ pub enum RelayError {
     /// Another process streams from the slot; this instance stands by.
     #[error("replication slot {slot:?} is active for PID {pid}: standing by")]
     SlotBusy { slot: String, pid: String },
+    /// This instance was silent (frozen, paused, partitioned) for longer than
+    /// `relay.takeover_after_ms` and a standby took the slot: the session ends before it
+    /// produces anything more, and the instance stands by.
+    #[error("replication slot {slot:?} was taken over by another instance while this one stood still (its session loop for {silent_ms} ms; its walsender {walsender} is gone): standing by")]
+    Fenced {
+        slot: String,
+        walsender: i32,
+        silent_ms: u64,
+    },
     #[error("kafka producer: {0}")]
     Kafka(String),
     /// The server refused to stream from an invalidated slot. Transient: the next session
@@ -92,6 +101,11 @@ impl RelayError {
                 "slot_busy",
                 StandBy,
                 "none: another instance streams from the slot; this one takes over when it stops",
+            ),
+            Self::Fenced { .. } => (
+                "fenced",
+                StandBy,
+                "none: this instance stopped (SIGSTOP, VM pause, partition) for longer than relay.takeover_after_ms and another took over; find out why it stopped",
             ),
             Self::Kafka(_) => (
                 "kafka",

@@ -29,6 +29,8 @@ pub async fn run_observed(
     let max = Duration::from_millis(cfg.relay.max_backoff_ms);
     let mut backoff = Duration::from_millis(100).min(max);
     let mut attempt: u64 = 0;
+    // A standby's view of the holder, kept across polls (two looks before it fences).
+    let mut fence = crate::slot::fence::Fence::new(&cfg);
     loop {
         if *shutdown.borrow() {
             return Ok(());
@@ -41,6 +43,9 @@ pub async fn run_observed(
         let policy = err.policy();
         if policy.retry == Retry::Stop {
             return Err(err);
+        }
+        if policy.retry != Retry::StandBy {
+            fence.reset();
         }
         observed.errors.restart(policy.class);
         metrics::gauge!(obs::ROLE_ACTIVE).set(0.0);
@@ -56,7 +61,8 @@ pub async fn run_observed(
         attempt += 1;
         let wait = match policy.retry {
             // A standby polls at a steady pace so it can take over quickly.
-            Retry::StandBy => Duration::from_millis(cfg.relay.standby_poll_ms),
+            // Sooner when the holder went silent: a second look, or the slot right after a fence.
+            Retry::StandBy => fence.standby_wait(&cfg).await,
             Retry::Halt => max,
             Retry::Backoff | Retry::Stop => jitter(backoff),
         };

@@ -227,6 +227,12 @@ pub struct RelayConfig {
     /// How often a standby instance tries to take the slot over (bounds failover time).
     #[serde(default = "d_standby_ms", deserialize_with = "lenient")]
     pub standby_poll_ms: u64,
+    /// A standby fences the active instance (terminates its walsender and takes the slot) when
+    /// its liveness signal is older than this (server clock) and the slot's confirmed position
+    /// stands still: a frozen or partitioned holder is otherwise noticed only after Postgres's
+    /// `wal_sender_timeout` (60 s by default). 0 never fences.
+    #[serde(default = "d_takeover_ms", deserialize_with = "lenient")]
+    pub takeover_after_ms: u64,
     /// How often the relay looks for operator repairs of parked events.
     #[serde(default = "d_repair_ms", deserialize_with = "lenient")]
     pub repair_interval_ms: u64,
@@ -241,6 +247,7 @@ impl Default for RelayConfig {
             max_backoff_ms: d_backoff_ms(),
             repair_interval_ms: d_repair_ms(),
             standby_poll_ms: d_standby_ms(),
+            takeover_after_ms: d_takeover_ms(),
         }
     }
 }
@@ -333,6 +340,10 @@ fn d_stall_ms() -> u64 {
 }
 fn d_standby_ms() -> u64 {
     1_000
+}
+/// Three missed liveness beats (one a second): takeover lands within about 5 s.
+fn d_takeover_ms() -> u64 {
+    3_000
 }
 fn d_repair_ms() -> u64 {
     1_000
@@ -502,6 +513,22 @@ dsn = "postgres://u@127.0.0.1:5432/app"
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn takeover_after_is_off_or_at_least_two_beats() {
+        let with = |ms: &str| {
+            Config::from_toml_and_env(
+                &format!("{BASE}[relay]\ntakeover_after_ms = {ms}\n"),
+                Vec::<(String, String)>::new(),
+            )
+        };
+        assert_eq!(with("0").unwrap().relay.takeover_after_ms, 0);
+        assert_eq!(with("2000").unwrap().relay.takeover_after_ms, 2000);
+        let e = with("500").unwrap_err().to_string();
+        assert!(e.contains("relay.takeover_after_ms"), "{e}");
+        let d = Config::from_toml_and_env(BASE, Vec::<(String, String)>::new()).unwrap();
+        assert_eq!(d.relay.takeover_after_ms, 3000);
     }
 
     #[test]

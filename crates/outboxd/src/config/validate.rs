@@ -84,6 +84,7 @@ impl Config {
             (self.relay.shutdown_timeout_ms, "relay.shutdown_timeout_ms"),
             (self.relay.max_backoff_ms, "relay.max_backoff_ms"),
             (self.relay.standby_poll_ms, "relay.standby_poll_ms"),
+            (self.relay.takeover_after_ms, "relay.takeover_after_ms"),
             (self.relay.repair_interval_ms, "relay.repair_interval_ms"),
             (self.heartbeat.interval_ms, "heartbeat.interval_ms"),
             (
@@ -102,6 +103,15 @@ impl Config {
             return Err(invalid(
                 "heartbeat.stall_timeout_ms must be at least twice heartbeat.interval_ms",
             ));
+        }
+        let takeover = self.relay.takeover_after_ms;
+        if takeover > 0 && takeover < crate::slot::fence::MIN_TAKEOVER_MS {
+            return Err(invalid(format!(
+                "relay.takeover_after_ms = {takeover} would fence a healthy relay that missed a \
+                 beat or two: use 0 (never fence) or at least {} (the liveness signal is written \
+                 every second)",
+                crate::slot::fence::MIN_TAKEOVER_MS
+            )));
         }
         if self.relay.repair_interval_ms == 0 {
             return Err(invalid("relay.repair_interval_ms must be positive"));

@@ -43,6 +43,7 @@ pub const SLOT_LOSSES: &str = "outboxd_slot_losses_total";
 pub const RECOVERIES: &str = "outboxd_recoveries_total";
 pub const RECOVERED_EVENTS: &str = "outboxd_recovered_events_total";
 pub const BROKER_ERRORS: &str = "outboxd_broker_errors_total";
+pub const FENCINGS: &str = "outboxd_fencings_total";
 
 /// Every metric outboxd exports, with its help text.
 pub const METRICS: &[(&str, &str)] = &[
@@ -146,6 +147,10 @@ pub const METRICS: &[(&str, &str)] = &[
         BLOCKED,
         "events held behind a parked event of the same aggregate, per event_type",
     ),
+    (
+        FENCINGS,
+        "silent slot holders this instance fenced (terminated their walsender to take the slot over)",
+    ),
 ];
 
 /// Wall-clock time, unix µs (0 before 1970).
@@ -171,6 +176,7 @@ pub fn describe() {
     metrics::gauge!(ROLE_ACTIVE).set(0.0);
     metrics::gauge!(HALTED).set(0.0);
     metrics::counter!(PRODUCE_RETRIES).absolute(0);
+    metrics::counter!(FENCINGS).absolute(0);
     // Present from the start, so the first refusal is an increase the alert sees.
     for class in ["auth", "tls"] {
         metrics::counter!(BROKER_ERRORS, "class" => class).absolute(0);

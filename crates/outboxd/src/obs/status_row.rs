@@ -9,21 +9,111 @@ use tokio_postgres::Client;
 
 pub const STATUS_SQL: &str = include_str!("../../../../sql/040_outboxd_status.sql");
 
-/// Creates the table when missing (idempotent).
+/// Creates the table when missing and adds the columns later versions need (idempotent; a
+/// no-op query when everything is there).
 pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
-    let exists: bool = sql
-        .query_one("SELECT to_regclass('outboxd_status') IS NOT NULL", &[])
+    let current: bool = sql
+        .query_one(
+            // pg_attribute, not information_schema: a least-privilege role must see them too.
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE NOT attisdropped \
+               AND attrelid = to_regclass('outboxd_status') AND attname = 'holder_since')",
+            &[],
+        )
         .await?
         .get(0);
-    if exists {
+    if current {
         return Ok(());
     }
-    sql.batch_execute(&crate::schema::unqualified(STATUS_SQL)).await.map_err(|e| {
-        RelayError::Setup(format!(
-            "cannot create outboxd_status ({}): run `outboxd init` as a role that may create tables",
+    sql.batch_execute(&crate::schema::unqualified(STATUS_SQL))
+        .await
+        .map_err(|e| {
+            RelayError::Setup(format!(
+            "cannot create or upgrade outboxd_status ({}): run `outboxd init` as a role that may \
+             create and alter tables",
             RelayError::from(e)
         ))
-    })
+        })
+}
+
+/// One liveness beat of the instance holding the slot: written only while `walsender` (this
+/// session's walsender PID) still holds it, so a fenced or thawed instance cannot make itself
+/// look alive. `false`: the slot is no longer ours.
+pub async fn beat(
+    sql: &Client,
+    slot: &str,
+    instance: &str,
+    walsender: i32,
+    since: chrono::DateTime<chrono::Utc>,
+) -> Result<bool, RelayError> {
+    let n = sql
+        .execute(
+            "INSERT INTO outboxd_status AS st (slot, instance, alive_at, holder_pid, \
+                 holder_instance, holder_since) \
+             SELECT $1::text, $2::text, now(), $3::int4, $2::text, $4::timestamptz FROM pg_replication_slots \
+              WHERE slot_name = $1 AND active_pid = $3 \
+             ON CONFLICT (slot) DO UPDATE SET alive_at = now(), holder_pid = EXCLUDED.holder_pid, \
+                 holder_instance = EXCLUDED.holder_instance, holder_since = EXCLUDED.holder_since",
+            &[&slot, &instance, &walsender, &since],
+        )
+        .await?;
+    Ok(n > 0)
+}
+
+/// What a standby sees of the slot's holder, in one statement (one snapshot, server clock).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Liveness {
+    /// `pg_replication_slots.active_pid`: the walsender holding the slot now.
+    pub active_pid: Option<i32>,
+    /// The slot's confirmed position (text): a holder whose position moves is working.
+    pub confirmed: Option<String>,
+    /// The walsender the last beat came from, and how long ago (seconds, server clock).
+    pub beat_pid: Option<i32>,
+    pub silent_s: Option<f64>,
+    pub instance: Option<String>,
+}
+
+/// The slot's holder and its last beat (`None`: no such slot).
+pub async fn liveness(sql: &Client, slot: &str) -> Result<Option<Liveness>, RelayError> {
+    let row = sql
+        .query_opt(
+            "SELECT s.active_pid, s.confirmed_flush_lsn::text, st.holder_pid, \
+                    extract(epoch FROM now() - st.alive_at)::float8, st.holder_instance \
+             FROM pg_replication_slots s LEFT JOIN outboxd_status st ON st.slot = s.slot_name \
+             WHERE s.slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| Liveness {
+        active_pid: r.get(0),
+        confirmed: r.get(1),
+        beat_pid: r.get(2),
+        silent_s: r.get(3),
+        instance: r.get(4),
+    }))
+}
+
+/// Terminates the walsender `pid` holding `slot`, but only if, at this instant, it still holds
+/// it, its last beat is older than `silent_s` and the slot's position is still `confirmed`: the
+/// checks and the kill are one statement, so a holder that beat or confirmed since the
+/// standby's last look is left alone. `true`: the signal was sent.
+pub async fn terminate_silent_holder(
+    sql: &Client,
+    slot: &str,
+    pid: i32,
+    silent_s: f64,
+    confirmed: &str,
+) -> Result<bool, RelayError> {
+    let row = sql
+        .query_opt(
+            "SELECT pg_terminate_backend(s.active_pid) \
+             FROM pg_replication_slots s JOIN outboxd_status st ON st.slot = s.slot_name \
+             WHERE s.slot_name = $1 AND s.active_pid = $2 AND st.holder_pid = $2 \
+               AND st.alive_at < now() - make_interval(secs => $3) \
+               AND s.confirmed_flush_lsn::text = $4",
+            &[&slot, &pid, &silent_s, &confirmed],
+        )
+        .await?;
+    Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
 }
 
 /// What the active relay reports (every few seconds).
@@ -131,8 +221,11 @@ pub async fn read(sql: &Client, slot: &str) -> Result<Option<Value>, RelayError>
                         pending_events, oldest_pending_age_s, heartbeat_delay_s, \
                         extract(epoch FROM now() - last_heartbeat_at)::float8, errors, halted, \
                         attempt, last_error_class, last_error, \
-                        greatest(extract(epoch FROM next_attempt_at - now())::float8, 0) \
-                 FROM outboxd_status WHERE slot = $1",
+                        greatest(extract(epoch FROM next_attempt_at - now())::float8, 0), \
+                        -- to_jsonb: a table no relay upgraded yet reads as NULL here.
+                        extract(epoch FROM now() - (to_jsonb(t) ->> 'alive_at')::timestamptz)::float8, \
+                        to_jsonb(t) ->> 'holder_instance', (to_jsonb(t) ->> 'holder_pid')::int \
+                 FROM outboxd_status t WHERE slot = $1",
             &[&slot],
         )
         .await?
@@ -151,6 +244,9 @@ pub async fn read(sql: &Client, slot: &str) -> Result<Option<Value>, RelayError>
                 "last_error_class": r.get::<_, Option<String>>(10),
                 "last_error": r.get::<_, Option<String>>(11),
                 "next_attempt_in_seconds": r.get::<_, Option<f64>>(12),
+                "holder_alive_seconds_ago": r.get::<_, Option<f64>>(13),
+                "holder_instance": r.get::<_, Option<String>>(14),
+                "holder_walsender_pid": r.get::<_, Option<i32>>(15),
             })
         });
     Ok(rep)

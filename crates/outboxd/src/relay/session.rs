@@ -12,6 +12,7 @@ use crate::obs::Observed;
 use crate::relay::kafka::Producer;
 use crate::relay::source::{self, fmt_lsn, sql_bounded};
 use crate::relay::stages::Stages;
+use crate::slot::fence::Holder;
 use crate::slot::guard::{self as slot_guard, Decision};
 use crate::slot::recovery;
 use crate::slot::state::{self as slot_state, Identity};
@@ -160,6 +161,8 @@ pub async fn run_session_as(
         role = "active",
         "streaming"
     );
+    // Beats while our walsender holds the slot; notices when a standby fenced us.
+    let mut holder = Holder::start(cfg, st.sql()).await?;
     metrics::gauge!(crate::obs::ROLE_ACTIVE).set(1.0);
     metrics::gauge!(crate::obs::RETRY_BACKOFF).set(0.0);
     let health = &observed.health;
@@ -193,16 +196,22 @@ pub async fn run_session_as(
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => return Ok(()),
+                e = holder.lost() => return Err(e),
                 Some(ack) = acks.recv() => st.on_ack(ack, &producer).await?,
-                ev = repl.recv(), if room => match ev? {
-                    Some(ev) => st.on_event(ev, &producer).await?,
-                    None => return Err(RelayError::Replication("stream ended".into())),
-                },
+                ev = repl.recv(), if room => {
+                    // Events read before a freeze are not produced by a fenced instance.
+                    holder.check_after_gap(cfg, st.sql()).await?;
+                    match ev? {
+                        Some(ev) => st.on_event(ev, &producer).await?,
+                        None => return Err(RelayError::Replication("stream ended".into())),
+                    }
+                }
                 _ = tick.tick() => {
+                    holder.check_after_gap(cfg, st.sql()).await?;
                     sql_bounded(st.obs_tick(room)).await?;
                     if Instant::now() >= next_state {
                         next_state = Instant::now() + state_every;
-                        saved = save_state(cfg, &st, &identity, saved).await?;
+                        saved = save_state(cfg, &st, &identity, holder.walsender(), saved).await?;
                     }
                     if Instant::now() >= next_repair {
                         next_repair = Instant::now() + repair_every;
@@ -210,6 +219,7 @@ pub async fn run_session_as(
                     }
                 }
             }
+            holder.turned();
             // Drain whatever acks are already waiting before the next event.
             while let Ok(ack) = acks.try_recv() {
                 st.on_ack(ack, &producer).await?;
@@ -249,7 +259,7 @@ pub async fn run_session_as(
     // Bounded: the session may be ending because the connection went silent.
     let _ = tokio::time::timeout(
         Duration::from_secs(1),
-        save_state(cfg, &st, &identity, saved),
+        save_state(cfg, &st, &identity, holder.walsender(), saved),
     )
     .await;
     if c > start {
@@ -270,6 +280,7 @@ pub async fn run_session_as(
     }
     repl.stop();
     drop(repl);
+    drop(holder);
     health.streaming.store(false, Relaxed);
     tracing::info!(
         confirmed_lsn = %fmt_lsn(c),
@@ -280,11 +291,13 @@ pub async fn run_session_as(
     result.map(|()| SessionEnd::Shutdown)
 }
 
-/// Records the acknowledged position and delivery mark when either moved since `saved`.
+/// Records the acknowledged position and delivery mark when either moved since `saved`, while
+/// `walsender` (this session's) holds the slot.
 async fn save_state(
     cfg: &Config,
     st: &Stages,
     identity: &Identity,
+    walsender: i32,
     saved: (u64, Option<i64>),
 ) -> Result<(u64, Option<i64>), RelayError> {
     let now = (
@@ -299,6 +312,7 @@ async fn save_state(
         st.sql(),
         &cfg.source.slot,
         identity,
+        walsender,
         now.0,
         mark,
     ))

@@ -137,29 +137,37 @@ pub async fn reset(
     Ok(())
 }
 
-/// Periodic progress: only ever forward, and only on the history it was based on.
+/// Periodic progress: only ever forward, only on the history it was based on, and only by the
+/// session whose walsender (`holder`, its PID) holds the slot at that moment. An instance that
+/// was frozen and fenced (slot/fence.rs) may thaw with an old position: its write is dropped,
+/// the row neither regresses nor names the wrong history. `false`: nothing was written.
 pub async fn advance(
     sql: &Client,
     slot: &str,
     identity: &Identity,
+    holder: i32,
     lsn: u64,
     mark: Option<DateTime<Utc>>,
-) -> Result<(), RelayError> {
-    sql.execute(
-        "UPDATE outboxd_slot_state SET \
+) -> Result<bool, RelayError> {
+    let n = sql
+        .execute(
+            "UPDATE outboxd_slot_state SET \
              acked_lsn = GREATEST(acked_lsn, $3::text::pg_lsn), \
              delivery_mark = GREATEST(delivery_mark, $4), timeline = $5, updated_at = now() \
-         WHERE slot_name = $1 AND system_identifier = $2",
-        &[
-            &slot,
-            &identity.system_id,
-            &lsn_text(lsn),
-            &mark,
-            &(identity.timeline as i64),
-        ],
-    )
-    .await?;
-    Ok(())
+         WHERE slot_name = $1 AND system_identifier = $2 \
+           AND EXISTS (SELECT 1 FROM pg_replication_slots \
+                       WHERE slot_name = $1 AND active_pid = $6)",
+            &[
+                &slot,
+                &identity.system_id,
+                &lsn_text(lsn),
+                &mark,
+                &(identity.timeline as i64),
+                &holder,
+            ],
+        )
+        .await?;
+    Ok(n > 0)
 }
 
 /// Records the intent to recover from `since` before anything else happens, so a relay killed
