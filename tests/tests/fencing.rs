@@ -267,3 +267,79 @@ async fn three_instances_repeated_freezes() -> anyhow::Result<()> {
     );
     w.finish().await
 }
+
+/// A holder cut off from Postgres by a network path that drops packets instead of resetting
+/// (the fault proxy's blackhole) is fenced like a frozen one: its beats stop, a standby that
+/// reaches Postgres directly terminates its walsender and takes the slot. When the path heals
+/// the cut-off instance finds the slot gone and stands by; nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_holder_is_fenced() -> anyhow::Result<()> {
+    let env = Env::start_with_proxies("fence_partition").await?;
+    create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
+    let inbox_dsn = env.pg.dsn(&consumer_db(&env.pg, "inbox").await?);
+    let reader = InboxReader::start(&env.bootstrap(), TOPIC, &inbox_dsn);
+    let writer = Writer::start(env.pg.dsn(&env.db), Load::default());
+    // Instance 0 reaches Postgres through the proxy (env.toml() uses it); instance 1 directly.
+    let through_proxy = env.config_file()?;
+    let proxy_port = env.pg_proxy.as_ref().expect("proxy").port;
+    let direct = env.dir.path().join("direct.toml");
+    std::fs::write(
+        &direct,
+        env.toml()
+            .replace(&format!(":{proxy_port}/"), &format!(":{}/", env.pg.port)),
+    )?;
+    let sql = env.sql().await?;
+    let mut relays = vec![RelayProcess::spawn(
+        &through_proxy,
+        env.dir.path().join("relay-0.log"),
+    )?];
+    let first = wait_for_active(&sql, &env.slot, &relays, None, Duration::from_secs(30)).await?;
+    assert_eq!(first, 0);
+    relays.push(RelayProcess::spawn(
+        &direct,
+        env.dir.path().join("relay-1.log"),
+    )?);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let cut_at = Instant::now();
+    env.pg_proxy
+        .as_ref()
+        .expect("proxy")
+        .set_mode(testkit::Mode::Blackhole);
+    let next = wait_for_active(
+        &sql,
+        &env.slot,
+        &relays,
+        Some(relays[0].child.id()),
+        Duration::from_secs(30),
+    )
+    .await?;
+    let took = cut_at.elapsed();
+    eprintln!("partitioned holder → standby streaming after {took:?}");
+    assert_eq!(next, 1);
+    assert!(took < TAKEOVER_BOUND, "takeover took {took:?}");
+    assert!(read_log(&relays[1].log).contains("FENCED"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    env.pg_proxy
+        .as_ref()
+        .expect("proxy")
+        .set_mode(testkit::Mode::Pass);
+    let healed_log = relays[0].log.clone();
+    eventually(Duration::from_secs(90), || async {
+        Ok(read_log(&healed_log).contains("role=\"standby\""))
+    })
+    .await?;
+    assert_eq!(
+        streaming_pids(&sql, &env.slot).await?,
+        vec![relays[1].child.id()]
+    );
+    let w = World {
+        env,
+        sql,
+        reader,
+        writer,
+        inbox_dsn,
+        relays,
+    };
+    w.finish().await
+}
