@@ -51,7 +51,7 @@ impl Env {
             broker,
             db,
             slot: format!("slot_{name}"),
-            dir: tempfile::tempdir()?,
+            dir: outboxd_testkit::tempdir("env-")?,
             extra_toml: String::new(),
             kafka_toml: String::new(),
             pg_proxy: None,

@@ -14,17 +14,20 @@
 //!   locating things.
 //!
 //! Every child process gets `PR_SET_PDEATHSIG = SIGKILL`, so a test process that dies (or is
-//! killed by a timeout) never leaves servers behind.
+//! killed by a timeout) never leaves servers behind; every directory lives in the process's
+//! [`scratch_dir`], which the next process sweeps once its owner is dead (see [`scratch`]).
 
 mod acceptor;
 pub mod kafka;
 pub mod proxy;
 pub mod sasl_proxy;
+pub mod scratch;
 pub mod tls_proxy;
 pub mod token_stub;
 
 pub use proxy::{Mode, Proxy};
 pub use sasl_proxy::{SaslOptions, SaslProxy};
+pub use scratch::{scratch_dir, scratch_root, tempdir};
 pub use tls_proxy::TlsProxy;
 pub use token_stub::{TokenRequest, TokenStub};
 
@@ -207,7 +210,10 @@ fn template_dir(bin: &Path) -> Result<PathBuf> {
 fn make_template(bin: &Path) -> Result<PathBuf> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    bin.hash(&mut h);
+    // Canonical, so worktrees whose `.dev` links to the same install share one template.
+    bin.canonicalize()
+        .unwrap_or_else(|_| bin.to_path_buf())
+        .hash(&mut h);
     PG_PASSWORD.hash(&mut h);
     // A different build in the same directory (another npm version) gets its own template.
     if let Ok(md) = std::fs::metadata(bin.join("postgres")) {
@@ -227,8 +233,8 @@ fn make_template(bin: &Path) -> Result<PathBuf> {
             bin.display()
         );
     }
-    let base =
-        std::env::temp_dir().join(format!("outboxd-pgtemplate-build-{}", std::process::id()));
+    // Built in this process's scratch directory: an initdb killed halfway is swept with it.
+    let base = scratch_dir()?.join("pgtemplate-build");
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base)?;
     let pwfile = base.join("pw");
@@ -355,7 +361,7 @@ impl Postgres {
                 );
             }
         }
-        let dir = tempfile::Builder::new().prefix("outboxd-pg-").tempdir()?;
+        let dir = tempdir("pg-")?;
         let st = Command::new("cp")
             .arg("-a")
             .arg(&template)
@@ -556,7 +562,7 @@ impl Postgres {
         c.query_one(start, &[])
             .await
             .context("start the base backup")?;
-        let dir = tempfile::Builder::new().prefix("outboxd-pg-").tempdir()?;
+        let dir = tempdir("pg-")?;
         let copied = copy_live_data_dir(&self.data_dir(), &dir.path().join("data"));
         // Stop the backup even when the copy failed (the session would otherwise hold it).
         let row = c
@@ -783,9 +789,7 @@ impl Broker {
     }
 
     fn start_on(port: u16, advertised: u16) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("outboxd-tansu-")
-            .tempdir()?;
+        let dir = tempdir("tansu-")?;
         let mut b = Self {
             port,
             advertised,
@@ -869,6 +873,47 @@ mod tests {
         let (_b2, proxy) = Broker::start_behind_proxy()?;
         assert!(std::net::TcpStream::connect(proxy.addr()).is_ok());
         Ok(())
+    }
+
+    /// Run by [`killed_process_leaves_nothing_after_the_next_sweep`] in a child process: starts
+    /// a cluster and a broker, prints the scratch directory, and dies by SIGKILL (no destructor,
+    /// no `atexit`). A no-op in a normal run.
+    #[test]
+    fn killed_process_helper() {
+        if std::env::var_os("OUTBOXD_TESTKIT_KILL_HELPER").is_none() {
+            return;
+        }
+        let pg = Postgres::start().unwrap();
+        let _b = Broker::start().unwrap();
+        println!("SCRATCH={}", scratch_dir().unwrap().display());
+        println!("DATA={}", pg.data_dir().display());
+        // SAFETY: raise(3) on ourselves.
+        unsafe { libc::raise(libc::SIGKILL) };
+    }
+
+    /// What a SIGKILLed test process leaves (its scratch directory) is removed by the sweep of
+    /// the next process, and no postmaster of it keeps running.
+    #[test]
+    fn killed_process_leaves_nothing_after_the_next_sweep() {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "tests::killed_process_helper", "--nocapture"])
+            .env("OUTBOXD_TESTKIT_KILL_HELPER", "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let field = |k: &str| {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(PathBuf::from)
+                .unwrap_or_else(|| panic!("no {k} in {stdout}"))
+        };
+        let (scratch, data) = (field("SCRATCH="), field("DATA="));
+        assert!(scratch.exists(), "a killed process runs no cleanup");
+        assert!(scratch::dead_dirs(&scratch_root()).contains(&scratch));
+        scratch::sweep(&scratch_root());
+        assert!(!scratch.exists());
+        assert!(!data.join("postmaster.pid").exists());
     }
 
     /// The default version and every installed matrix version start, report their major, and
