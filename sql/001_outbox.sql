@@ -16,7 +16,7 @@ CREATE TABLE IF NOT EXISTS public.outbox (
     UNIQUE (aggregate_type, aggregate_id, aggregate_version)  -- no duplicate (aggregate, version) (R11)
 );
 
--- Cleanup (R34) walks this index in small batches; see docs/operations.md.
+-- Cleanup walks this index in small batches; see docs/operations.md, "Cleaning up the outbox table".
 CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON public.outbox (created_at);
 
 DO $$

@@ -11,7 +11,22 @@ use std::time::Duration;
 /// The default schema, exactly as shipped in `sql/001_outbox.sql`.
 pub const OUTBOX_SQL: &str = include_str!("../../../../sql/001_outbox.sql");
 
-/// Creates the outbox table (default schema only), the publication and the slot when missing.
+/// `outbox_uuid_v7()` and `outbox_emit()`, exactly as shipped in `sql/010_outbox_emit.sql`.
+const EMIT_SQL: &str = include_str!("../../../../sql/010_outbox_emit.sql");
+
+/// `EMIT_SQL` for the outbox table `qualified` in `schema`: the functions live next to the table
+/// and insert into it (one pair per schema: with two outbox tables in one schema, the functions
+/// write into the table whose `init` created them).
+fn emit_sql(schema: &str, qualified: &str) -> String {
+    let schema = quote_ident(schema);
+    EMIT_SQL
+        .replace("public.outbox_uuid_v7", &format!("{schema}.outbox_uuid_v7"))
+        .replace("public.outbox_emit", &format!("{schema}.outbox_emit"))
+        .replace("public.outbox (", &format!("{qualified} ("))
+}
+
+/// Creates the outbox table (default schema only), the publication and the slot when missing;
+/// with the default schema also the producer functions `outbox_uuid_v7()` and `outbox_emit()`.
 pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     let sql = source::sql_connect(cfg).await?;
     let mut done = Vec::new();
@@ -53,6 +68,42 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
             "table {schema}.{table} and publication {} present",
             cfg.source.publication
         ));
+    }
+    if cfg.source.columns.preset == Preset::Outboxd {
+        // Only when missing, like everything else (CREATE OR REPLACE needs ownership).
+        let present: i64 = sql
+            .query_one(
+                "SELECT count(DISTINCT p.proname) FROM pg_proc p \
+                 JOIN pg_namespace n ON n.oid = p.pronamespace \
+                 WHERE n.nspname = $1 AND p.proname IN ('outbox_emit', 'outbox_uuid_v7')",
+                &[&schema],
+            )
+            .await?
+            .get(0);
+        let installed = if present < 2 {
+            match sql.batch_execute(&emit_sql(&schema, &qualified)).await {
+                Ok(()) => true,
+                // Optional for the relay: a least-privilege role still gets through `init`.
+                Err(e)
+                    if e.code()
+                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+                {
+                    false
+                }
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            true
+        };
+        done.push(if installed {
+            format!("functions {schema}.outbox_uuid_v7() and {schema}.outbox_emit() present")
+        } else {
+            format!(
+                "functions {schema}.outbox_uuid_v7() and {schema}.outbox_emit() NOT installed \
+                 (no CREATE on schema {schema}): an administrator can install \
+                 sql/010_outbox_emit.sql (optional, for producers writing through SQL)"
+            )
+        });
     } else {
         let exists: bool = sql
             .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
