@@ -5,7 +5,14 @@
 //! `outboxd init`, runs the real `outboxd` binary, lets the example orders service
 //! (`examples/orders`) place and pay orders in real transactions, and the example shipping service
 //! (`examples/shipping`, inbox library) apply them exactly once — then replays the whole topic to
-//! show duplicates absorbed, and tears everything down.
+//! show duplicates absorbed, and tears everything down. On the way it prints what went over the
+//! wire (topic, key, headers and value of the records, read with [`tail`]) and outboxd's own count
+//! of published events (from its `/metrics`). outboxd's log lines are forwarded in order, prefixed
+//! `outboxd |`, without colour. With [`DemoOptions::keep`] everything stays up until SIGTERM or
+//! Ctrl-C, and how to connect is printed.
+
+mod tail;
+pub use tail::{tail, TailOptions};
 
 use anyhow::{bail, Context, Result};
 use outboxd_inbox::{consumer_config, ConsumerSettings, Inbox, InboxConsumer, RunStats};
@@ -16,8 +23,21 @@ use std::time::{Duration, Instant};
 
 const TOPIC: &str = "outbox.event.order";
 
+/// How the demo ends.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DemoOptions {
+    /// Leave Postgres, the broker and outboxd running until SIGTERM or SIGINT, printing how to
+    /// connect, instead of tearing down.
+    pub keep: bool,
+}
+
 /// Runs the whole demo with the `outboxd` binary at `outboxd_bin`; Err if any step misbehaves.
 pub async fn run(outboxd_bin: &std::path::Path) -> Result<()> {
+    run_with(outboxd_bin, DemoOptions::default()).await
+}
+
+/// [`run`], with options.
+pub async fn run_with(outboxd_bin: &std::path::Path, opts: DemoOptions) -> Result<()> {
     let mut _servers = None;
     let (dsn, shipping_dsn, bootstrap) = match (
         std::env::var("OUTBOXD_DEMO_DSN"),
@@ -39,29 +59,25 @@ pub async fn run(outboxd_bin: &std::path::Path) -> Result<()> {
         }
     };
     let run_id = std::process::id();
-    let dir = std::env::temp_dir().join(format!("outboxd-demo-{run_id}"));
-    std::fs::create_dir_all(&dir)?;
-    let config = dir.join("outboxd.toml");
+    // In testkit's per-process directory: removed at exit, or swept if the demo is killed.
+    let dir = outboxd_testkit::tempdir("demo-")?;
+    let config = dir.path().join("outboxd.toml");
+    let metrics = format!("127.0.0.1:{}", outboxd_testkit::free_port());
     std::fs::write(
         &config,
         format!(
-            "[source]\ndsn = \"{dsn}\"\nslot = \"outboxd_demo\"\n\n[sink]\ntopic = \"outbox.event.{{aggregate_type}}\"\n\n[sink.kafka]\n\"bootstrap.servers\" = \"{bootstrap}\"\n\"compression.type\" = \"lz4\"\n"
+            "[source]\ndsn = \"{dsn}\"\nslot = \"outboxd_demo\"\n\n[sink]\ntopic = \"outbox.event.{{aggregate_type}}\"\n\n[sink.kafka]\n\"bootstrap.servers\" = \"{bootstrap}\"\n\"compression.type\" = \"lz4\"\n\n[metrics]\nlisten = \"{metrics}\"\n"
         ),
     )?;
     println!("config: {}", config.display());
-    let status = Command::new(outboxd_bin)
-        .args(["init", "--config"])
-        .arg(&config)
-        .status()?;
-    if !status.success() {
+    let mut init = Command::new(outboxd_bin);
+    init.args(["init", "--config"]).arg(&config);
+    if !forward_output(&mut init)?.wait()?.success() {
         bail!("outboxd init failed");
     }
-    let mut relay = Command::new(outboxd_bin)
-        .args(["run", "--config"])
-        .arg(&config)
-        .stdin(Stdio::null())
-        .spawn()
-        .context("start outboxd")?;
+    let mut run = Command::new(outboxd_bin);
+    run.args(["run", "--config"]).arg(&config);
+    let mut relay = forward_output(&mut run).context("start outboxd")?;
     println!("outboxd running (pid {})\n", relay.id());
 
     // --- the orders service: business row + event in one transaction ---
@@ -129,6 +145,27 @@ pub async fn run(outboxd_bin: &std::path::Path) -> Result<()> {
     );
     print_shipments(&ship_db, &ids).await?;
 
+    // --- what went over the wire ---
+    println!("\nthe first records on {TOPIC} (outboxd-demo tail {TOPIC} --bootstrap {bootstrap}):");
+    let tail_opts = TailOptions {
+        max: Some(3),
+        idle: Duration::from_secs(2),
+        ..TailOptions::new(&bootstrap, TOPIC)
+    };
+    let shown = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        tail(&tail_opts, &mut out).map(|n| (n, out))
+    })
+    .await??;
+    print!("{}", String::from_utf8_lossy(&shown.1));
+    if shown.0 == 0 {
+        bail!("tail printed no record of {TOPIC}");
+    }
+    match published_count(&metrics).await {
+        Ok(n) => println!("outboxd's own count (/metrics outboxd_events_published_total): {n}"),
+        Err(e) => bail!("read outboxd's metrics at {metrics}: {e:#}"),
+    }
+
     // --- a replay of the whole topic (new consumer group): every record is a duplicate ---
     println!("\nreplaying the topic from the beginning with a new consumer group...");
     let replay = consume(
@@ -145,16 +182,91 @@ pub async fn run(outboxd_bin: &std::path::Path) -> Result<()> {
     );
     print_shipments(&ship_db, &ids).await?;
 
+    if stats.applied != 5 || replay.applied != 0 {
+        bail!("expected 5 effects and none on replay");
+    }
+    if opts.keep {
+        println!(
+            "\ndemo ok; kept running (demo pid {run_id}):\n  \
+             Postgres:  psql '{dsn}'   (shipping: '{shipping_dsn}')\n  \
+             broker:    {bootstrap}   read it: target/debug/outboxd-demo tail {TOPIC} --bootstrap {bootstrap} --follow\n  \
+             outboxd:   pid {}, config {}, metrics http://{metrics}/metrics\n             \
+             target/debug/outboxd status --config {}\n\
+             to stop: kill {run_id}   (or Ctrl-C in the foreground)",
+            relay.id(),
+            config.display(),
+            config.display(),
+        );
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(relay.id() as i32, libc::SIGTERM) };
     let st = relay.wait()?;
     println!("\noutboxd stopped on SIGTERM ({st})");
-    let _ = std::fs::remove_dir_all(&dir);
-    if stats.applied != 5 || replay.applied != 0 {
-        bail!("expected 5 effects and none on replay");
-    }
+    drop(dir);
     println!("demo ok: tearing down Postgres and the broker");
     Ok(())
+}
+
+/// Spawns `cmd` with its stdout and stderr forwarded line by line to ours, prefixed
+/// `outboxd | `, so its log lines stay whole and in order with the demo's own output (and
+/// `NO_COLOR` keeps colour codes out even when the demo runs on a terminal).
+fn forward_output(cmd: &mut Command) -> Result<std::process::Child> {
+    use std::io::BufRead;
+    let mut child = cmd
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = child
+        .stdout
+        .take()
+        .map(|o| Box::new(o) as Box<dyn std::io::Read + Send>);
+    let err = child
+        .stderr
+        .take()
+        .map(|e| Box::new(e) as Box<dyn std::io::Read + Send>);
+    for stream in [out, err].into_iter().flatten() {
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                println!("  outboxd | {line}");
+            }
+        });
+    }
+    Ok(child)
+}
+
+/// outboxd's own count of published events: the sum of `outboxd_events_published_total` on its
+/// `/metrics` endpoint at `addr`.
+async fn published_count(addr: &str) -> Result<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_string(&mut body)).await??;
+    let mut sum = 0.0;
+    let mut seen = false;
+    for l in body.lines() {
+        if l.starts_with("outboxd_events_published_total") {
+            if let Some(v) = l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+                sum += v;
+                seen = true;
+            }
+        }
+    }
+    if !seen {
+        bail!("no outboxd_events_published_total in the response");
+    }
+    Ok(sum as u64)
 }
 
 /// Runs the shipping consumer until the shipments reach the expected state (or 60 s pass).
