@@ -38,6 +38,14 @@ async fn bad_setups_fail_fast_with_the_fix() -> anyhow::Result<()> {
     let good = env.config_file()?;
     let (code, text, _) = outboxd(&["check"], &good);
     assert_eq!(code, 0, "check on a good setup failed:\n{text}");
+    // No topic yet: a warning that says who would create it, with what.
+    assert!(
+        text.contains("WARN") && text.contains("outboxd does not create topics"),
+        "{text}"
+    );
+    create_topics(&env.bootstrap(), &["outbox.event.acct"], 2).await?;
+    let (_, text, _) = outboxd(&["check"], &good);
+    assert!(text.contains("1 topic(s) named outbox.event."), "{text}");
     // The password never appears in output.
     assert!(
         !text.contains(outboxd_tests::testkit::PG_PASSWORD),

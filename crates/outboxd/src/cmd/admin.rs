@@ -262,8 +262,11 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
             out.push(failover(cfg, &sql).await);
         }
     }
-    out.push(match broker(cfg) {
-        Ok(()) => line(true, "broker", "metadata fetched"),
+    match broker(cfg) {
+        Ok(topics) => {
+            out.push(line(true, "broker", "metadata fetched"));
+            out.push(topics_line(cfg, &topics));
+        }
         Err(e) => {
             let msg = crate::relay::kafka::hint::explain(&e.to_string(), &cfg.sink.kafka);
             let msg = if crate::relay::kafka::hint::names_fix(&msg) {
@@ -271,9 +274,9 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
             } else {
                 format!("{msg} — check sink.kafka.\"bootstrap.servers\" and that the broker is up")
             };
-            line(false, "broker", cfg.redactor.scrub(&msg))
+            out.push(line(false, "broker", cfg.redactor.scrub(&msg)));
         }
-    });
+    }
     out
 }
 
@@ -392,7 +395,42 @@ async fn columns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine
     })
 }
 
-fn broker(cfg: &Config) -> Result<(), RelayError> {
+/// outboxd creates no topics: a missing one is created by the broker on first use with its
+/// defaults (if `auto.create.topics.enable`), often one partition — or refused.
+fn topics_line(cfg: &Config, topics: &[String]) -> CheckLine {
+    const WHAT: &str = "topics";
+    let Ok(t) = crate::relay::route::TopicTemplate::parse(&cfg.sink.topic) else {
+        return line(false, WHAT, "sink.topic is not a valid template");
+    };
+    let (prefix, templated) = t.prefix();
+    let found = topics
+        .iter()
+        .filter(|n| {
+            if templated {
+                n.starts_with(&prefix)
+            } else {
+                **n == prefix
+            }
+        })
+        .count();
+    let advice = "outboxd does not create topics: the broker creates a missing one on first use \
+                  with its defaults (num.partitions, often 1) if auto.create.topics.enable, or \
+                  refuses the events; create them with the partitions you need (docs, \"Topics\")";
+    match (templated, found) {
+        (false, 0) => CheckLine::warn(WHAT, format!("topic {prefix} does not exist; {advice}")),
+        (true, 0) => CheckLine::warn(
+            WHAT,
+            format!(
+                "no topic named {prefix}… exists yet ({}); {advice}",
+                cfg.sink.topic
+            ),
+        ),
+        (false, _) => line(true, WHAT, format!("{prefix} exists")),
+        (true, n) => line(true, WHAT, format!("{n} topic(s) named {prefix}… exist")),
+    }
+}
+
+fn broker(cfg: &Config) -> Result<Vec<String>, RelayError> {
     let (p, _rx) = Producer::new(cfg, Default::default())?;
     p.ping(Duration::from_secs(5))
 }

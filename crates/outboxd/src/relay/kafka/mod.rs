@@ -443,11 +443,12 @@ impl Producer {
     }
 
     /// Checks broker reachability by fetching metadata.
-    pub fn ping(&self, timeout: Duration) -> Result<(), RelayError> {
+    /// Fetches the cluster's metadata; returns the names of its topics.
+    pub fn ping(&self, timeout: Duration) -> Result<Vec<String>, RelayError> {
         self.inner
             .client()
             .fetch_metadata(None, timeout)
-            .map(|_| ())
+            .map(|m| m.topics().iter().map(|t| t.name().to_string()).collect())
             .map_err(|e| {
                 let ctx = self.inner.context();
                 let cause = ctx.last_error.lock().ok().and_then(|l| l.clone());

@@ -411,6 +411,19 @@ impl TopicTemplate {
     }
 
     /// Renders into `out` (cleared first) so the hot path reuses one buffer.
+    /// The fixed text before the first placeholder (the whole name when there is none), and
+    /// whether the template has placeholders.
+    pub fn prefix(&self) -> (String, bool) {
+        let mut prefix = String::new();
+        for p in &self.0 {
+            match p {
+                Part::Lit(s) => prefix.push_str(s),
+                Part::AggregateType | Part::EventType => return (prefix, true),
+            }
+        }
+        (prefix, false)
+    }
+
     pub fn render(&self, e: &Event<'_>, out: &mut String) {
         out.clear();
         for p in &self.0 {
