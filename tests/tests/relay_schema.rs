@@ -39,6 +39,8 @@ async fn debezium_preset_reads_a_debezium_table_unchanged() -> anyhow::Result<()
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].key, b"c-9");
     assert_eq!(recs[0].header("event_id"), id.to_string());
+    // Debezium's consumers deduplicate on header `id` (issue 16): sent as well.
+    assert_eq!(recs[0].header("id"), id.to_string());
     assert_eq!(recs[0].header("event_type"), "CustomerCreated");
     assert_eq!(recs[0].value, b"{\"name\": \"x\"}");
     assert!(!recs[0].headers.contains_key("aggregate_version"));

@@ -37,6 +37,8 @@ pub struct PoisonHandler {
     topic: TopicTemplate,
     topic_buf: String,
     validator: Option<Validator>,
+    /// Released events carry header `id` too, like live ones (Debezium preset).
+    id_header: bool,
 }
 
 impl PoisonHandler {
@@ -57,6 +59,7 @@ impl PoisonHandler {
             topic: TopicTemplate::parse(&cfg.sink.topic)?,
             topic_buf: String::new(),
             validator: Validator::from_config(&cfg.validation),
+            id_header: cfg.source.columns.resolve()?.id_header,
         })
     }
 
@@ -182,7 +185,8 @@ impl PoisonHandler {
             return Ok(());
         };
         // Never as stored: through the live router and the schema checks (see route::release).
-        let record = match release::rebuild(&r.record, &self.topic, &mut self.topic_buf) {
+        let rebuilt = release::rebuild(&r.record, &self.topic, self.id_header, &mut self.topic_buf);
+        let record = match rebuilt {
             Err(e) => Err((e.class(), e.to_string())),
             Ok((record, schema_version)) => {
                 let checked = match (&mut self.validator, &record.payload, &record.event_type) {

@@ -59,6 +59,9 @@ pub struct ColumnNames {
     pub payload: String,
     pub headers: Option<String>,
     pub created_at: Option<String>,
+    /// Also send the event id in header `id`, as Debezium's EventRouter does (its consumers
+    /// deduplicate on it); on with the Debezium preset.
+    pub id_header: bool,
 }
 
 impl Columns {
@@ -76,6 +79,7 @@ impl Columns {
                 payload: "payload".into(),
                 headers: Some("headers".into()),
                 created_at: Some("created_at".into()),
+                id_header: false,
             },
             Preset::Debezium => ColumnNames {
                 event_id: "id".into(),
@@ -87,6 +91,7 @@ impl Columns {
                 payload: "payload".into(),
                 headers: None,
                 created_at: None,
+                id_header: true,
             },
         };
         let required = [

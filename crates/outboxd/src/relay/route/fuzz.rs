@@ -205,6 +205,7 @@ proptest! {
             schema_version: None,
             headers: Some(&headers),
             created_at_ms: None,
+            id_header: true,
         };
         let _ = e.for_each_header(|_, _| {});
         let _ = e.parked_record("t");

@@ -97,6 +97,8 @@ pub struct RowMapping {
     created_at: Option<usize>,
     /// The payload column is text-like, not json/jsonb: each value is checked to be JSON.
     payload_unchecked: bool,
+    /// Send header `id` too (see [`ColumnNames::id_header`]).
+    id_header: bool,
 }
 
 /// Postgres type OIDs of the payload column that matter here.
@@ -153,6 +155,7 @@ impl RowMapping {
         }
         Ok(Self {
             payload_unchecked: payload_type != JSON_OID && payload_type != JSONB_OID,
+            id_header: names.id_header,
             event_id: req(&names.event_id, "event_id")?,
             aggregate_type: req(&names.aggregate_type, "aggregate_type")?,
             aggregate_id: req(&names.aggregate_id, "aggregate_id")?,
@@ -197,6 +200,7 @@ impl RowMapping {
             schema_version: opt_text(self.schema_version, "schema_version")?,
             headers: opt_text(self.headers, "headers")?,
             created_at_ms: opt_text(self.created_at, "created_at")?.and_then(parse_timestamptz_ms),
+            id_header: self.id_header,
         })
     }
 }
@@ -241,6 +245,8 @@ pub struct Event<'a> {
     /// The `headers` jsonb column as text (a JSON object).
     pub headers: Option<&'a str>,
     pub created_at_ms: Option<i64>,
+    /// Also send the event id in header `id` (Debezium's consumers deduplicate on it).
+    pub id_header: bool,
 }
 
 impl Event<'_> {
@@ -277,10 +283,16 @@ impl Event<'_> {
         if let Some(v) = self.schema_version {
             f("schema_version", v.as_bytes());
         }
+        if self.id_header {
+            f("id", self.event_id.as_bytes());
+        }
         if let Some(h) = self.headers {
             let map: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(h).map_err(|e| RouteError::BadHeaders(e.to_string()))?;
-            if let Some(k) = map.keys().find(|k| is_reserved_header(k)) {
+            let taken = |k: &String| {
+                is_reserved_header(k) || (self.id_header && k.eq_ignore_ascii_case("id"))
+            };
+            if let Some(k) = map.keys().find(|k| taken(k)) {
                 return Err(RouteError::ReservedHeader(k.clone()));
             }
             for (k, v) in &map {

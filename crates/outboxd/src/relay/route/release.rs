@@ -16,6 +16,7 @@ use crate::poison::record::ParkedRecord;
 pub fn rebuild(
     stored: &ParkedRecord,
     topic: &TopicTemplate,
+    id_header: bool,
     buf: &mut String,
 ) -> Result<(ParkedRecord, String), RouteError> {
     fn need<'a>(v: &'a Option<String>, name: &'static str) -> Result<&'a str, RouteError> {
@@ -41,7 +42,7 @@ pub fn rebuild(
     let extra: serde_json::Map<String, serde_json::Value> = stored
         .headers
         .iter()
-        .filter(|(k, _)| !is_reserved_header(k))
+        .filter(|(k, _)| !(is_reserved_header(k) || id_header && k.eq_ignore_ascii_case("id")))
         .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
         .collect();
     let extra = (!extra.is_empty()).then(|| serde_json::Value::Object(extra).to_string());
@@ -56,6 +57,7 @@ pub fn rebuild(
         schema_version: Some(&schema_version),
         headers: extra.as_deref(),
         created_at_ms: stored.timestamp_ms,
+        id_header,
     };
     topic.render(&event, buf);
     Ok((event.parked_record(buf), schema_version))
@@ -89,7 +91,7 @@ mod tests {
     fn topic_key_and_identity_come_from_the_columns() {
         let t = TopicTemplate::parse("outbox.event.{aggregate_type}").unwrap();
         let mut buf = String::new();
-        let (r, sv) = rebuild(&stored(), &t, &mut buf).unwrap();
+        let (r, sv) = rebuild(&stored(), &t, false, &mut buf).unwrap();
         assert_eq!(r.topic.as_deref(), Some("outbox.event.acct"));
         assert_eq!(r.key.as_deref(), Some(&b"A-1"[..]));
         assert_eq!(sv, "2");
@@ -117,7 +119,7 @@ mod tests {
         let t = TopicTemplate::parse("outbox.event.{aggregate_type}").unwrap();
         let mut s = stored();
         s.aggregate_type = None;
-        let e = rebuild(&s, &t, &mut String::new()).unwrap_err();
+        let e = rebuild(&s, &t, false, &mut String::new()).unwrap_err();
         assert_eq!(e, RouteError::NullField("aggregate_type"));
     }
 }
