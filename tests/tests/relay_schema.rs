@@ -44,6 +44,48 @@ async fn debezium_preset_reads_a_debezium_table_unchanged() -> anyhow::Result<()
     assert_eq!(recs[0].header("event_type"), "CustomerCreated");
     assert_eq!(recs[0].value, b"{\"name\": \"x\"}");
     assert!(!recs[0].headers.contains_key("aggregate_version"));
+    // A NULL payload is what Debezium users write to delete an aggregate's state: a record
+    // with a null value (a tombstone), and the aggregate's next event is not held behind it.
+    let (gone, next) = (Uuid::now_v7(), Uuid::now_v7());
+    c.execute(
+        "INSERT INTO dbz_outbox VALUES ($1, 'customer', 'c-9', 'CustomerDeleted', NULL)",
+        &[&gone],
+    )
+    .await?;
+    c.execute(
+        "INSERT INTO dbz_outbox VALUES ($1, 'customer', 'c-9', 'CustomerCreated', '{}')",
+        &[&next],
+    )
+    .await?;
+    let mut tomb = None;
+    let n = scan_topic(
+        &env.bootstrap(),
+        "outbox.event.customer",
+        3,
+        Duration::from_secs(30),
+        |m| {
+            use rdkafka::message::{Headers, Message};
+            let id = m
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "id"))
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned());
+            if id.as_deref() == Some(gone.to_string().as_str()) {
+                tomb = Some((m.payload().is_none(), m.key().map(<[u8]>::to_vec)));
+            }
+        },
+    )?;
+    assert_eq!(n, 3);
+    assert_eq!(
+        tomb,
+        Some((true, Some(b"c-9".to_vec()))),
+        "a tombstone keyed by the aggregate"
+    );
+    let parked: i64 = c
+        .query_one("SELECT count(*) FROM outbox_parked", &[])
+        .await?
+        .get(0);
+    assert_eq!(parked, 0);
     relay.shutdown().await?;
     Ok(())
 }

@@ -123,7 +123,10 @@ impl Envelope {
                 });
             }
         }
-        let payload = msg.payload().ok_or(EnvelopeError::MissingPayload)?.to_vec();
+        // No value: a tombstone (a NULL payload under `on_null_payload = "tombstone"`, what
+        // Debezium sends to delete an aggregate's state). An event like the others for
+        // deduplication and ordering, never poison; its payload is empty.
+        let payload = msg.payload().map(<[u8]>::to_vec).unwrap_or_default();
         let committed_at = msg
             .timestamp()
             .to_millis()
@@ -144,6 +147,12 @@ impl Envelope {
                 offset: msg.offset(),
             }),
         })
+    }
+
+    /// A record with no value (see [`Envelope::from_message`]): the relay sends a NULL payload
+    /// that way under `policy.on_null_payload = "tombstone"`. Its payload is empty, never JSON.
+    pub fn is_tombstone(&self) -> bool {
+        self.payload.is_empty()
     }
 
     /// Deserialises the payload. Handlers should branch on `schema_version` first (R7).
@@ -257,5 +266,25 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    #[test]
+    fn a_record_without_value_is_a_tombstone_not_poison() {
+        let m = OwnedMessage::new(
+            None,
+            Some(b"o-1".to_vec()),
+            "t".into(),
+            Timestamp::CreateTime(1_700_000_000_000),
+            0,
+            42,
+            Some(full().iter().fold(OwnedHeaders::new(), |h, (k, v)| {
+                h.insert(Header {
+                    key: k,
+                    value: Some(*v),
+                })
+            })),
+        );
+        let env = Envelope::from_message(&m).unwrap();
+        assert!(env.is_tombstone());
     }
 }

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
 use crate::obs::Observed;
-use crate::poison::policy::{OnPoison, Ordering, PolicyConfig};
+use crate::poison::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
 use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
 use crate::poison::validate::Validator;
 use crate::relay::kafka::{Producer, Verdict};
@@ -39,6 +39,8 @@ pub struct PoisonHandler {
     validator: Option<Validator>,
     /// Released events carry header `id` too, like live ones (Debezium preset).
     id_header: bool,
+    /// What a NULL payload becomes unless the policy says: the preset's choice.
+    null_default: NullPayload,
 }
 
 impl PoisonHandler {
@@ -60,7 +62,16 @@ impl PoisonHandler {
             topic_buf: String::new(),
             validator: Validator::from_config(&cfg.validation),
             id_header: cfg.source.columns.resolve()?.id_header,
+            null_default: match cfg.source.columns.preset {
+                crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
+                crate::relay::route::Preset::Outboxd => NullPayload::Park,
+            },
         })
+    }
+
+    /// Is a NULL payload of this type poison (`park`) rather than a tombstone?
+    pub fn parks_null_payload(&self, event_type: &str) -> bool {
+        self.policy.null_payload(event_type, self.null_default) == NullPayload::Park
     }
 
     /// The parked event this event must wait behind, when its type orders by aggregate and the

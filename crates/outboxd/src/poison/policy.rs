@@ -35,6 +35,18 @@ pub enum OnPoison {
     Halt,
 }
 
+/// What a row whose payload is NULL becomes.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NullPayload {
+    /// A record with a null value: on a compacted topic a tombstone that deletes the key
+    /// (what Debezium's EventRouter sends; the Debezium preset's default).
+    Tombstone,
+    /// A deterministic failure (`invalid_event`), parked or halting as `on_poison` says (the
+    /// default of the outboxd preset).
+    Park,
+}
+
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct TypePolicy {
@@ -42,6 +54,8 @@ pub struct TypePolicy {
     pub ordering: Option<Ordering>,
     #[serde(default)]
     pub on_poison: Option<OnPoison>,
+    #[serde(default)]
+    pub on_null_payload: Option<NullPayload>,
 }
 
 /// `[policy]`: defaults plus per-event-type overrides in `[policy.event_types.<type>]`.
@@ -52,6 +66,9 @@ pub struct PolicyConfig {
     pub ordering: Ordering,
     #[serde(default)]
     pub on_poison: OnPoison,
+    /// Unset: `tombstone` with the Debezium preset, `park` otherwise.
+    #[serde(default)]
+    pub on_null_payload: Option<NullPayload>,
     #[serde(default)]
     pub event_types: BTreeMap<String, TypePolicy>,
 }
@@ -64,6 +81,15 @@ pub struct Effective {
 }
 
 impl PolicyConfig {
+    /// What a NULL payload of `event_type` becomes; `preset` is the preset's default.
+    pub fn null_payload(&self, event_type: &str, preset: NullPayload) -> NullPayload {
+        self.event_types
+            .get(event_type)
+            .and_then(|t| t.on_null_payload)
+            .or(self.on_null_payload)
+            .unwrap_or(preset)
+    }
+
     pub fn for_type(&self, event_type: &str) -> Effective {
         let t = self.event_types.get(event_type);
         Effective {
@@ -139,6 +165,29 @@ on_poison = "halt"
         assert_eq!(p.for_type("BalanceChanged").on_poison, OnPoison::Halt);
         assert_eq!(p.for_type("BalanceChanged").ordering, Ordering::Aggregate);
         assert_eq!(p.for_type("Other"), p.for_type("Another"));
+    }
+
+    #[test]
+    fn null_payload_policy_per_type_then_global_then_preset() {
+        let p: PolicyConfig =
+            toml::from_str("[event_types.Deleted]\non_null_payload = \"tombstone\"\n").unwrap();
+        assert_eq!(
+            p.null_payload("Deleted", NullPayload::Park),
+            NullPayload::Tombstone
+        );
+        assert_eq!(
+            p.null_payload("Other", NullPayload::Park),
+            NullPayload::Park
+        );
+        assert_eq!(
+            p.null_payload("Other", NullPayload::Tombstone),
+            NullPayload::Tombstone
+        );
+        let p: PolicyConfig = toml::from_str("on_null_payload = \"park\"\n").unwrap();
+        assert_eq!(
+            p.null_payload("Other", NullPayload::Tombstone),
+            NullPayload::Park
+        );
     }
 
     #[test]

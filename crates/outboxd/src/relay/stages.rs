@@ -275,6 +275,12 @@ impl Stages {
                 return self.park(rec, e.class(), &e.to_string()).await;
             }
         };
+        if event.tombstone && self.poison.parks_null_payload(event.event_type) {
+            let rec = self.record_of(&event);
+            let msg = "payload is NULL; policy.on_null_payload = \"park\" (set \"tombstone\" to \
+                       send a record with a null value, as Debezium does)";
+            return self.park(rec, "invalid_event", msg).await;
+        }
         let blocked_by =
             self.poison
                 .blocked_by(event.event_type, event.aggregate_type, event.aggregate_id);
@@ -288,7 +294,7 @@ impl Stages {
                 return self.park(rec, e.class(), &e.to_string()).await;
             }
         }
-        if let Some(v) = self.validator.as_mut() {
+        if let (Some(v), false) = (self.validator.as_mut(), event.tombstone) {
             if let Err(msg) = v.check(
                 event.event_type,
                 event.schema_version.unwrap_or("1"),

@@ -370,8 +370,13 @@ impl Producer {
         let origin = Origin::Stream(seq);
         let record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, origin.to_opaque())
             .key(e.aggregate_id.as_bytes())
-            .payload(e.payload)
             .headers(headers);
+        // A tombstone has no value at all (null), not an empty one.
+        let record = if e.tombstone {
+            record
+        } else {
+            record.payload(e.payload)
+        };
         self.enqueue(record, e.created_at_ms, origin, e.event_id, || {
             e.parked_record(topic)
         })

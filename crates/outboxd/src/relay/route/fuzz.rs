@@ -201,6 +201,7 @@ proptest! {
             aggregate_id: "1",
             event_type: "T",
             payload: b"{}",
+            tombstone: false,
             aggregate_version: None,
             schema_version: None,
             headers: Some(&headers),

@@ -185,9 +185,13 @@ impl RowMapping {
         if !is_uuid(event_id) {
             return Err(RouteError::EventIdNotUuid);
         }
-        let payload = bytes(self.payload, "payload")?;
-        if self.payload_unchecked {
-            serde_json::from_slice::<serde::de::IgnoredAny>(payload)
+        // NULL: a tombstone candidate; the stage decides by policy (`on_null_payload`).
+        let payload = match vals.get(self.payload) {
+            Some(Value::Null) => None,
+            _ => Some(bytes(self.payload, "payload")?),
+        };
+        if let (true, Some(p)) = (self.payload_unchecked, payload) {
+            serde_json::from_slice::<serde::de::IgnoredAny>(p)
                 .map_err(|e| RouteError::PayloadNotJson(e.to_string()))?;
         }
         Ok(Event {
@@ -195,7 +199,8 @@ impl RowMapping {
             aggregate_type: text(self.aggregate_type, "aggregate_type")?,
             aggregate_id: text(self.aggregate_id, "aggregate_id")?,
             event_type: text(self.event_type, "event_type")?,
-            payload,
+            payload: payload.unwrap_or_default(),
+            tombstone: payload.is_none(),
             aggregate_version: opt_text(self.aggregate_version, "aggregate_version")?,
             schema_version: opt_text(self.schema_version, "schema_version")?,
             headers: opt_text(self.headers, "headers")?,
@@ -239,7 +244,10 @@ pub struct Event<'a> {
     pub aggregate_type: &'a str,
     pub aggregate_id: &'a str,
     pub event_type: &'a str,
+    /// Empty for a tombstone.
     pub payload: &'a [u8],
+    /// The payload is NULL: the record carries no value (a tombstone).
+    pub tombstone: bool,
     pub aggregate_version: Option<&'a str>,
     pub schema_version: Option<&'a str>,
     /// The `headers` jsonb column as text (a JSON object).
@@ -264,7 +272,7 @@ impl Event<'_> {
             event_type: Some(self.event_type.to_string()),
             topic: Some(topic.to_string()),
             key: Some(self.aggregate_id.as_bytes().to_vec()),
-            payload: Some(self.payload.to_vec()),
+            payload: (!self.tombstone).then(|| self.payload.to_vec()),
             headers,
             timestamp_ms: self.created_at_ms,
         }

@@ -53,6 +53,7 @@ pub fn rebuild(
         aggregate_id,
         event_type,
         payload,
+        tombstone: false,
         aggregate_version: version.as_deref(),
         schema_version: Some(&schema_version),
         headers: extra.as_deref(),
