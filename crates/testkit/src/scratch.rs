@@ -178,6 +178,18 @@ mod tests {
             .spawn()
             .unwrap();
         std::fs::write(data.join("postmaster.pid"), format!("{}\n", stand_in.id())).unwrap();
+        // Until it has exec'd, the child's command line is still this test's: the sweep
+        // would (rightly) leave it alone. Wait for the stand-in's own.
+        let needle = data.as_os_str().as_encoded_bytes().to_vec();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read(format!("/proc/{}/cmdline", stand_in.id()))
+            .unwrap_or_default()
+            .windows(needle.len())
+            .any(|w| w == needle)
+        {
+            assert!(Instant::now() < deadline, "the stand-in did not start");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let me = std::process::id();
         let alive = root
             .path()
