@@ -9,19 +9,20 @@
 //! - `env.rs`: [`Env`], one test's world (cluster, database, broker, slot, config file);
 //!   [`Relay`], a relay running in this process.
 //! - `relay.rs`: [`RelayProcess`], a real `outboxd` process ([`relay_bin`]); the CLI
-//!   ([`outboxd_cli`], [`check_fails_naming`]); reading a relay's log and watching its process
-//!   (exported from [`reliability`]).
+//!   ([`outboxd_cli`], [`check_fails_naming`]); reading a relay's log and watching its process,
+//!   waiting for the one active instance (exported from [`reliability`]).
 //! - `kafka.rs`: topics ([`create_topics`], [`create_topic_on_port`]) and reading them back
 //!   ([`read_topic`], [`scan_topic`]: every partition by manual assignment, no group join;
 //!   [`reader_config`]).
 //! - `outbox.rs`: [`NewEvent`], [`write_events`], [`write_events_returning_lsn`]: outbox rows
 //!   written in real transactions.
-//! - `wait.rs`: [`eventually`].
+//! - `wait.rs`: [`eventually`]; `http.rs`: [`http_get`] against the metrics listener.
 //! - [`certs`]: a private certificate authority for TLS tests.
 //! - [`reliability`]: the writer, inbox consumer and delivery checks of the reliability tests.
 //! - [`testkit`] (`outboxd_testkit`) and [`outboxd`], re-exported for the tests.
 
 mod env;
+mod http;
 mod kafka;
 mod outbox;
 mod relay;
@@ -31,6 +32,7 @@ pub mod certs;
 pub mod reliability;
 
 pub use env::{Env, Relay};
+pub use http::http_get;
 pub use kafka::{
     create_topic_on_port, create_topics, read_topic, reader_config, scan_topic, Record,
 };

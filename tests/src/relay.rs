@@ -193,3 +193,39 @@ pub async fn wait_exit(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Waits until exactly one of `relays` streams from the slot and it is not `not`; returns its
+/// index. Fails if two ever stream at once.
+pub async fn wait_for_active(
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    relays: &[RelayProcess],
+    not: Option<u32>,
+    within: Duration,
+) -> anyhow::Result<usize> {
+    let index: std::collections::HashMap<u32, usize> = relays
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.child.id(), i))
+        .collect();
+    let deadline = Instant::now() + within;
+    loop {
+        let pids = streaming_pids(sql, slot).await?;
+        assert!(
+            pids.len() <= 1,
+            "two sessions stream from one slot: {pids:?}"
+        );
+        if let Some(&pid) = pids.first() {
+            if Some(pid) != not {
+                let i = *index
+                    .get(&pid)
+                    .unwrap_or_else(|| panic!("unknown process {pid} streams"));
+                return Ok(i);
+            }
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("no other instance streams after {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

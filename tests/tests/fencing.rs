@@ -10,7 +10,6 @@
 
 use outboxd_tests::reliability::*;
 use outboxd_tests::*;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 const TOPIC: &str = "outbox.event.acct";
@@ -21,42 +20,6 @@ const TAKEOVER_BOUND: Duration = Duration::from_secs(8);
 fn signal(p: &RelayProcess, sig: i32) {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(p.child.id() as i32, sig) };
-}
-
-/// Waits until exactly one of `relays` streams from the slot and it is not `not`; returns its
-/// index. Fails if two ever stream at once.
-async fn wait_for_active(
-    sql: &tokio_postgres::Client,
-    slot: &str,
-    relays: &[RelayProcess],
-    not: Option<u32>,
-    within: Duration,
-) -> anyhow::Result<usize> {
-    let index: HashMap<u32, usize> = relays
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.child.id(), i))
-        .collect();
-    let deadline = Instant::now() + within;
-    loop {
-        let pids = streaming_pids(sql, slot).await?;
-        assert!(
-            pids.len() <= 1,
-            "two sessions stream from one slot: {pids:?}"
-        );
-        if let Some(&pid) = pids.first() {
-            if Some(pid) != not {
-                let i = *index
-                    .get(&pid)
-                    .unwrap_or_else(|| panic!("unknown process {pid} streams"));
-                return Ok(i);
-            }
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("no other instance streams after {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 struct World {

@@ -10,7 +10,6 @@
 use outboxd_tests::reliability::*;
 use outboxd_tests::*;
 use rand::Rng;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 const TOPIC: &str = "outbox.event.acct";
@@ -38,7 +37,7 @@ async fn three_instances_sigkill_the_active_one_repeatedly() -> anyhow::Result<(
     let mut gens = [0usize; INSTANCES];
 
     // Exactly one streams; the others say they stand by.
-    let active = wait_for_active(&sql, &env.slot, &relays, None).await?;
+    let active = wait_for_active(&sql, &env.slot, &relays, None, Duration::from_secs(60)).await?;
     eventually(Duration::from_secs(30), || async {
         Ok((0..INSTANCES)
             .filter(|&i| i != active)
@@ -54,7 +53,8 @@ async fn three_instances_sigkill_the_active_one_repeatedly() -> anyhow::Result<(
         let pid = relays[active].child.id();
         let killed_at = Instant::now();
         relays[active].sigkill();
-        let next = wait_for_active(&sql, &env.slot, &relays, Some(pid)).await?;
+        let next =
+            wait_for_active(&sql, &env.slot, &relays, Some(pid), Duration::from_secs(60)).await?;
         let took = killed_at.elapsed();
         eprintln!("kill {kill}: instance {active} (pid {pid}) killed; instance {next} streaming after {took:?}");
         assert!(took < TAKEOVER_BOUND, "takeover took {took:?}");
@@ -90,39 +90,4 @@ async fn three_instances_sigkill_the_active_one_repeatedly() -> anyhow::Result<(
         t0.elapsed()
     );
     Ok(())
-}
-
-/// Waits until exactly one of `relays` (and no other process) streams from the slot, and it is
-/// not `not`; returns its index. Fails if two ever stream at once.
-async fn wait_for_active(
-    sql: &tokio_postgres::Client,
-    slot: &str,
-    relays: &[RelayProcess],
-    not: Option<u32>,
-) -> anyhow::Result<usize> {
-    let index: HashMap<u32, usize> = relays
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (r.child.id(), i))
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let pids = streaming_pids(sql, slot).await?;
-        assert!(
-            pids.len() <= 1,
-            "two sessions stream from one slot: {pids:?}"
-        );
-        if let Some(&pid) = pids.first() {
-            if Some(pid) != not {
-                let i = *index
-                    .get(&pid)
-                    .unwrap_or_else(|| panic!("unknown process {pid} streams"));
-                return Ok(i);
-            }
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("no instance took over within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

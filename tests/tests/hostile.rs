@@ -526,7 +526,7 @@ async fn metric_labels_stay_bounded_under_a_flood_of_event_types() -> anyhow::Re
     env.caught_up(Duration::from_secs(60)).await?;
     let mut text = String::new();
     eventually(Duration::from_secs(20), || {
-        text = scrape(&maddr);
+        text = http_get(&maddr, "/metrics").1;
         let done = text.contains("event_type=\"other\"");
         async move { Ok(done) }
     })
@@ -598,23 +598,6 @@ async fn escape_sequences_and_stray_variables_do_no_harm() -> anyhow::Result<()>
     Ok(())
 }
 
-/// The relay's /metrics text ("" while it does not answer).
-fn scrape(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let get = || {
-        let mut s = std::net::TcpStream::connect(addr).ok()?;
-        write!(
-            s,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).ok()?;
-        Some(buf)
-    };
-    get().unwrap_or_default()
-}
-
 /// The sum of `outboxd_events_published_total` over its series.
 fn published(metrics: &str) -> f64 {
     metrics
@@ -667,7 +650,7 @@ async fn published_counts_every_acknowledged_event_once() -> anyhow::Result<()> 
     }
     assert_eq!(recs.len(), 3);
     eventually(Duration::from_secs(10), || {
-        let n = published(&scrape(&maddr));
+        let n = published(&http_get(&maddr, "/metrics").1);
         async move { Ok(n == 3.0) }
     })
     .await?;

@@ -7,7 +7,7 @@
 use outboxd_tests::reliability::read_log;
 use outboxd_tests::testkit::free_port;
 use outboxd_tests::*;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -19,23 +19,6 @@ const TOPIC: &str = "outbox.event.acct";
 const NOFILE: u64 = 64;
 const IDLE: usize = 160;
 const SLOW_LORIS: usize = 10;
-
-fn http_get(addr: &str, path: &str) -> u16 {
-    let Ok(mut s) = TcpStream::connect(addr) else {
-        return 0;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    let _ = write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    );
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
 
 /// A relay process started with a descriptor limit of `nofile` (soft and hard), set before it
 /// runs a line of its own: the listener sizes itself from the limit it finds.
@@ -106,7 +89,7 @@ async fn a_port_flood_starves_the_listener_never_the_relay() -> anyhow::Result<(
     let relay = spawn_limited(&cfg, log.clone(), NOFILE)?;
     let pid = relay.child.id();
     eventually(Duration::from_secs(30), || async {
-        Ok(http_get(&maddr, "/readyz") == 200)
+        Ok(http_get(&maddr, "/readyz").0 == 200)
     })
     .await?;
     env.deliver("a-1", 3, &log).await?;
@@ -173,7 +156,7 @@ async fn a_port_flood_starves_the_listener_never_the_relay() -> anyhow::Result<(
 
     // The listener recovers once the flood is gone.
     eventually(Duration::from_secs(10), || async {
-        Ok(http_get(&maddr, "/healthz") == 200)
+        Ok(http_get(&maddr, "/healthz").0 == 200)
     })
     .await?;
     let text = read_log(&log);

@@ -202,14 +202,14 @@ async fn a_refused_relay_reports_auth_and_heals_when_the_broker_accepts_it() -> 
 
     // Class auth everywhere an operator looks; nothing confirmed past the waiting events.
     eventually(Duration::from_secs(30), || async {
-        let m = http_get(&maddr, "/metrics");
+        let m = http_get(&maddr, "/metrics").1;
         Ok(m.lines().any(|l| {
             l.starts_with("outboxd_broker_errors_total{class=\"auth\"}") && !l.ends_with(" 0")
         }))
     })
     .await
     .map_err(|e| anyhow::anyhow!("{e}: {}", read_log(&log)))?;
-    let ready = http_get(&maddr, "/readyz");
+    let ready = http_get(&maddr, "/readyz").1;
     assert!(ready.contains("refuses this relay (auth)"), "{ready}");
     eventually(Duration::from_secs(20), || async {
         let (code, out) = outboxd_cli(&["status", "--json"], &config);
@@ -234,8 +234,8 @@ async fn a_refused_relay_reports_auth_and_heals_when_the_broker_accepts_it() -> 
     .await
     .map_err(|e| anyhow::anyhow!("{e}: {}", read_log(&log)))?;
     eventually(Duration::from_secs(20), || async {
-        Ok(http_get(&maddr, "/readyz").contains("ready")
-            && !http_get(&maddr, "/readyz").contains("not ready"))
+        Ok(http_get(&maddr, "/readyz").1.contains("ready")
+            && !http_get(&maddr, "/readyz").1.contains("not ready"))
     })
     .await?;
     assert!(relay.sigterm()?.success());
@@ -363,17 +363,4 @@ async fn oidc_client_credentials_fetch_refresh_and_refusal() -> anyhow::Result<(
         assert_no_secret(&read_log(&log), &[&t, SECRET], "the relay log");
     }
     Ok(())
-}
-
-/// GET `path` from the metrics listener; the body (or the error).
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return String::new();
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
 }

@@ -28,4 +28,6 @@ pub use verify::{
 };
 pub use writer::{connect_retry, CommittedTx, Load, WriteLog, Writer, Written};
 
-pub use crate::relay::{exit_signal, read_log, rss_kib, streaming_pids, strip_ansi, wait_exit};
+pub use crate::relay::{
+    exit_signal, read_log, rss_kib, streaming_pids, strip_ansi, wait_exit, wait_for_active,
+};
