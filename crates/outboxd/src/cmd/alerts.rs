@@ -37,9 +37,17 @@ fn d_hb() -> u64 {
     60
 }
 
-/// Escapes a label value for a PromQL string literal.
+/// Escapes a label value for a PromQL string literal (Go's escapes: a raw newline would end
+/// the expression's parse).
 fn promql_str(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
+    s.chars()
+        .map(|c| match c {
+            '\\' => "\\\\".to_string(),
+            '"' => "\\\"".to_string(),
+            c if c.is_control() => format!("\\u{:04x}", c as u32),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 /// Escapes RE2 metacharacters, so an event type is matched literally inside `=~`/`!~`
@@ -130,7 +138,9 @@ pub fn rules(cfg: &AlertsConfig) -> String {
     });
     rules.push(Rule {
         alert: "OutboxdSlotLost",
-        expr: format!("sum(increase({}[15m])) > 0", obs::SLOT_LOSSES),
+        // Not `increase(losses[15m])`: a loss found at startup (a restore, a relay restarted
+        // into a failover) makes the counter 1 before the first scrape, which is no increase.
+        expr: format!("time() - max({} > 0) < 900", obs::SLOT_LAST_LOSS),
         for_: "0s",
         severity: "page",
         labels: vec![],
@@ -165,11 +175,13 @@ pub fn rules(cfg: &AlertsConfig) -> String {
     });
     rules.push(Rule {
         alert: "OutboxdHeartbeatStale",
+        // Only the active instance's age counts: a standby keeps the value its last session
+        // left (possibly stale), which must not page while another instance streams fine.
         expr: format!(
-            "max({}) > {} and max({}) == 1",
+            "max({} and on (instance, job) ({} == 1)) > {}",
             obs::HEARTBEAT_AGE,
+            obs::ROLE_ACTIVE,
             cfg.heartbeat_stale_seconds,
-            obs::ROLE_ACTIVE
         ),
         for_: "1m",
         severity: "page",
@@ -249,5 +261,6 @@ mod tests {
     fn event_types_are_matched_literally() {
         assert_eq!(regex_literal("Order.Placed|x"), r"Order\.Placed\|x");
         assert_eq!(yaml_str("a\"b\nc"), r#""a\"b\u000ac""#);
+        assert_eq!(promql_str("a\"b\\c\nd"), r#"a\"b\\c\u000ad"#);
     }
 }

@@ -44,12 +44,18 @@ pub const RECOVERIES: &str = "outboxd_recoveries_total";
 pub const RECOVERED_EVENTS: &str = "outboxd_recovered_events_total";
 pub const BROKER_ERRORS: &str = "outboxd_broker_errors_total";
 pub const FENCINGS: &str = "outboxd_fencings_total";
+pub const SLOT_LAST_LOSS: &str = "outboxd_slot_last_loss_timestamp_seconds";
 
 /// Every metric outboxd exports, with its help text.
 pub const METRICS: &[(&str, &str)] = &[
     (
         SLOT_LOSSES,
         "replication slot losses detected, per reason (missing, invalidated, new_system, interrupted, manual)",
+    ),
+    (
+        SLOT_LAST_LOSS,
+        "unix time of the last slot loss this process detected (0: none); the alert keys on it, \
+         because a counter that is already 1 at the first scrape shows no increase",
     ),
     (
         RECOVERIES,
@@ -175,6 +181,7 @@ pub fn describe() {
     metrics::gauge!(UP).set(1.0);
     metrics::gauge!(ROLE_ACTIVE).set(0.0);
     metrics::gauge!(HALTED).set(0.0);
+    metrics::gauge!(SLOT_LAST_LOSS).set(0.0);
     metrics::counter!(PRODUCE_RETRIES).absolute(0);
     metrics::counter!(FENCINGS).absolute(0);
     // Present from the start, so the first refusal is an increase the alert sees.

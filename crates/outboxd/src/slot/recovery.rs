@@ -167,6 +167,7 @@ pub async fn prepare(
 ) -> Result<Prepared, RelayError> {
     let label = loss.reason.label();
     metrics::counter!(crate::obs::SLOT_LOSSES, "reason" => label).increment(1);
+    metrics::gauge!(crate::obs::SLOT_LAST_LOSS).set(crate::obs::now_us() as f64 / 1e6);
     tracing::error!(slot = %cfg.source.slot, reason = label, since = ?loss.since.map(|s| s.to_rfc3339()), "replication slot lost: {}", loss.reason);
     if !manual && cfg.source.on_slot_loss == SlotLossPolicy::Halt {
         return Err(refusal(cfg, sql, loss, "source.on_slot_loss = \"halt\"").await);
