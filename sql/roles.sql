@@ -8,6 +8,9 @@
 --   outboxd_repair : runs `outboxd parked retry|discard` (--dsn / OUTBOXD_REPAIR_DSN): changes
 --                    parked events and writes the audit. The relay cannot write the audit, so a
 --                    leaked relay credential cannot forge a release.
+--   outboxd_cleanup: runs `outboxd cleanup` (cleanup.dsn, --dsn / OUTBOXD_CLEANUP_DSN): deletes
+--                    delivered outbox rows. The relay cannot delete, so a leaked relay
+--                    credential cannot destroy undelivered events.
 --
 -- Written for the defaults: the outbox table public.outbox, publication outbox_pub and
 -- source.relay_schema = public. With another relay_schema replace `public.outbox_parked`,
@@ -20,6 +23,7 @@
 CREATE ROLE outboxd_admin LOGIN REPLICATION PASSWORD 'change-me-admin';
 CREATE ROLE outboxd_relay LOGIN REPLICATION PASSWORD 'change-me-relay';
 CREATE ROLE outboxd_repair LOGIN PASSWORD 'change-me-repair';
+CREATE ROLE outboxd_cleanup LOGIN PASSWORD 'change-me-cleanup';
 -- init creates the outbox table and outboxd's tables in public, and the publication (which
 -- needs CREATE on the database).
 GRANT CREATE ON SCHEMA public TO outboxd_admin;
@@ -47,6 +51,12 @@ GRANT SELECT, UPDATE ON public.outbox_parked TO outboxd_repair;
 GRANT SELECT, INSERT ON public.outbox_parked_audit TO outboxd_repair;
 GRANT USAGE ON SEQUENCE public.outbox_parked_audit_id_seq TO outboxd_repair;
 GRANT SELECT ON public.outboxd_status TO outboxd_repair;
+
+-- The cleanup role: delete delivered rows behind every slot's delivery mark. (A partitioned
+-- outbox is cleaned by dropping partitions, which needs ownership: run cleanup as its owner.)
+GRANT USAGE ON SCHEMA public TO outboxd_cleanup;
+GRANT SELECT, DELETE ON public.outbox TO outboxd_cleanup;
+GRANT SELECT ON public.outboxd_slot_state TO outboxd_cleanup;
 
 -- The application: writes events into the outbox in its own transactions.
 --   GRANT INSERT ON public.outbox TO my_service;

@@ -448,6 +448,21 @@ async fn least_privilege_roles_are_enough_and_missing_grants_are_named() -> anyh
     assert_eq!(code, 0, "{out}");
     let (_, out) = outboxd_cli(&["parked", "show", &bad], &repair);
     assert!(out.contains("(database role outboxd_repair)"), "{out}");
+    // The cleanup role deletes (nothing is old enough here: 0 rows, but the DELETE runs).
+    let cleanup = env.dir.path().join("cleanup.toml");
+    std::fs::write(
+        &cleanup,
+        format!(
+            "{}\n[cleanup]\nretention = \"1h\"\n",
+            as_role("outboxd_cleanup", "change-me-cleanup")
+        ),
+    )?;
+    eventually(Duration::from_secs(20), || async {
+        let (code, out) = outboxd_cli(&["cleanup"], &cleanup);
+        anyhow::ensure!(code == 0, "{out}");
+        Ok(out.contains("deleted         0 row(s)"))
+    })
+    .await?;
     relay.shutdown().await?;
     Ok(())
 }

@@ -27,6 +27,8 @@
 //! - `obs/`: metric names ([`obs`]) and health, `http` (the HTTP listener, bounded), `watch`
 //!   (heartbeats, stalls, slot health, per-type ages), `errors` (error counts), `status_row`
 //!   (all `outboxd_status` SQL).
+//! - `cleanup/`: deleting delivered outbox rows (R34) in batches behind every slot's delivery
+//!   mark and the recovery window; `partitions`: dropping whole partitions of a partitioned outbox.
 //! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
 //!   `alerts`, `parked`, `recover`).
 //! - [`config`] (+ `secrets`), [`error`], `fail` (crash hooks for the crash-window tests).
@@ -36,6 +38,7 @@
 //! [`obs`]; everything else is private to the crate. No state is process-wide: a relay's health,
 //! error counts and session count live in the `Observed` its runner created and passed down.
 
+pub(crate) mod cleanup;
 pub mod cmd;
 pub mod config;
 pub mod error;

@@ -31,6 +31,8 @@ pub async fn run_observed(
     let mut attempt: u64 = 0;
     // A standby's view of the holder, kept across polls (two looks before it fences).
     let mut fence = crate::slot::fence::Fence::new(&cfg);
+    // `cleanup.every`: beside the sessions, ended with them (aborted on drop).
+    let _cleanup = crate::cleanup::spawn(&cfg, shutdown.clone()).map(AbortOnDrop);
     loop {
         if *shutdown.borrow() {
             return Ok(());
@@ -116,4 +118,13 @@ fn jitter(d: Duration) -> Duration {
         .map(|t| t.subsec_nanos())
         .unwrap_or(0);
     d.mul_f64(0.5 + f64::from(nanos % 1000) / 2000.0)
+}
+
+/// Aborts a background task when the supervisor returns, however it returns.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -58,6 +58,22 @@ pub enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Delete delivered outbox rows older than cleanup.retention, in small batches (R34).
+    ///
+    /// Never a row that may be undelivered (every slot's delivery mark in outboxd_slot_state)
+    /// or inside source.recovery_window; on a partitioned outbox, drops whole partitions.
+    /// For cron; `cleanup.every` runs the same inside `outboxd run`.
+    Cleanup {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Print the cutoff and how many rows would go; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Connect as this role (needs DELETE on the outbox table) instead of cleanup.dsn or
+        /// source.dsn.
+        #[arg(long = "dsn", env = "OUTBOXD_CLEANUP_DSN", hide_env_values = true)]
+        dsn: Option<String>,
+    },
     /// Inspect and repair parked (poison) events.
     Parked {
         #[command(flatten)]
@@ -140,6 +156,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Status { config, .. } => config.config.clone(),
         Cmd::Parked { config, .. } => config.config.clone(),
         Cmd::Recover { config, .. } => config.config.clone(),
+        Cmd::Cleanup { config, .. } => config.config.clone(),
     };
     let path = path.context("a config file is needed: --config FILE (or env OUTBOXD_CONFIG)")?;
     // Read errors name the file themselves; the others get it as context.
@@ -227,6 +244,14 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
         }
         Cmd::Recover { since, dry_run, .. } => {
             print!("{}", crate::cmd::recover::run(&cfg, since, dry_run).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Cleanup { dry_run, dsn, .. } => {
+            let sql = crate::cleanup::connect(&cfg, dsn.as_deref()).await?;
+            print!(
+                "{}",
+                crate::cleanup::run_once(&cfg, &sql, dry_run, None).await?
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Init(_) => {

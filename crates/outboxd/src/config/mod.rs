@@ -4,6 +4,7 @@
 //! `[sink.kafka]` is passed verbatim to librdkafka; its env form maps `_` to `.`
 //! (`OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS` → `bootstrap.servers`).
 
+pub(crate) mod cleanup;
 pub(crate) mod secrets;
 mod validate;
 
@@ -63,6 +64,9 @@ pub struct Config {
     pub heartbeat: HeartbeatConfig,
     #[serde(default)]
     pub alerts: crate::cmd::alerts::AlertsConfig,
+    /// Deleting delivered outbox rows (`outboxd cleanup`, or a loop in `run`).
+    #[serde(default)]
+    pub cleanup: cleanup::CleanupConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -297,6 +301,13 @@ fn d_recovery_window() -> Duration {
     Duration::from_secs(600)
 }
 
+/// [`duration_secs`], optional.
+pub(crate) fn opt_duration_secs<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Duration>, D::Error> {
+    duration_secs(d).map(Some)
+}
+
 /// A duration as whole seconds (TOML integer or string) or a humantime string ("10m", "90s").
 fn duration_secs<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     #[derive(Deserialize)]
@@ -350,7 +361,7 @@ fn d_repair_ms() -> u64 {
 }
 
 /// Accepts a native TOML value or a string (environment overrides are always strings).
-fn lenient<'de, D, T>(d: D) -> Result<T, D::Error>
+pub(crate) fn lenient<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: FromStr + Deserialize<'de>,
@@ -406,6 +417,14 @@ impl Config {
             &cfg.source.dsn,
             cfg.source.password.as_deref(),
         );
+        if let Some(p) = cfg
+            .cleanup
+            .dsn
+            .as_deref()
+            .and_then(crate::config::secrets::dsn_password)
+        {
+            cfg.redactor.add(&p);
+        }
         cfg.validate().map_err(|e| match e {
             ConfigError::Invalid(m) => invalid(cfg.redactor.scrub(&m)),
             other => other,
@@ -474,7 +493,7 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bo
 }
 
 /// The sections `OUTBOXD_<SECTION>_<KEY>` may name.
-const SECTIONS: [&str; 9] = [
+const SECTIONS: [&str; 10] = [
     "source",
     "sink",
     "relay",
@@ -484,6 +503,7 @@ const SECTIONS: [&str; 9] = [
     "validation",
     "heartbeat",
     "alerts",
+    "cleanup",
 ];
 
 fn sub_table<'a>(t: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, ConfigError> {

@@ -97,6 +97,14 @@ pub fn of_table(root: &toml::Table) -> Redactor {
             }
         }
     }
+    if let Some(p) = section("cleanup")
+        .and_then(|c| c.get("dsn"))
+        .map(text)
+        .as_deref()
+        .and_then(dsn_password)
+    {
+        r.add(&p);
+    }
     if let Some(src) = section("source") {
         if let Some(p) = src.get("password") {
             r.add(&text(p));

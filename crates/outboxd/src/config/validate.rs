@@ -135,6 +135,43 @@ impl Config {
         if s.state_interval_ms == 0 {
             return Err(invalid("source.state_interval_ms must be positive"));
         }
+        self.validate_cleanup()
+    }
+
+    fn validate_cleanup(&self) -> Result<(), ConfigError> {
+        let c = &self.cleanup;
+        let window = self.source.recovery_window;
+        if let Some(r) = c.retention {
+            // A lost slot's gap is republished from the table: rows the window may need stay.
+            if r < window {
+                return Err(invalid(format!(
+                    "cleanup.retention ({}) is shorter than source.recovery_window ({}): a lost \
+                     slot's gap is republished from rows created within that window, so they \
+                     must still be there; use a retention of at least {}",
+                    humantime::format_duration(r),
+                    humantime::format_duration(window),
+                    humantime::format_duration(window)
+                )));
+            }
+        }
+        if c.every.is_some() && c.retention.is_none() {
+            return Err(invalid(
+                "cleanup.every is set but cleanup.retention is not: say how long rows are kept \
+                 (e.g. retention = \"7d\")",
+            ));
+        }
+        if c.batch_size == 0 || c.batch_size > 100_000 {
+            return Err(invalid(
+                "cleanup.batch_size must be 1..=100000 (default 1000)",
+            ));
+        }
+        if c.max_rows_per_run == 0 {
+            return Err(invalid("cleanup.max_rows_per_run must be positive"));
+        }
+        if let Some(dsn) = &c.dsn {
+            tokio_postgres::Config::from_str(dsn)
+                .map_err(|e| invalid(format!("cleanup.dsn is not a valid Postgres DSN: {e}")))?;
+        }
         Ok(())
     }
 }

@@ -170,6 +170,53 @@ pub async fn advance(
     Ok(n > 0)
 }
 
+/// What bounds outbox cleanup: the slowest slot's delivery mark (`crate::cleanup`).
+#[derive(Debug)]
+pub enum CleanupBound {
+    /// No state table or no row: nothing is known to be delivered.
+    NoState,
+    /// Nothing may be deleted now, and why.
+    Blocked(String),
+    /// Rows committed before `mark` are delivered on every slot; `slot` has the oldest mark.
+    Mark { slot: String, mark: DateTime<Utc> },
+}
+
+/// Every slot recorded in this database counts: several relays may read one outbox table, and
+/// a decommissioned relay's row must be deleted on purpose before its mark stops holding back.
+pub async fn cleanup_bound(sql: &Client) -> Result<CleanupBound, RelayError> {
+    if !table_exists(sql).await? {
+        return Ok(CleanupBound::NoState);
+    }
+    let rows = sql
+        .query(
+            "SELECT slot_name, delivery_mark, recovering_since FROM outboxd_slot_state \
+             ORDER BY delivery_mark ASC NULLS FIRST, slot_name",
+            &[],
+        )
+        .await?;
+    if let Some(r) = rows
+        .iter()
+        .find(|r| r.get::<_, Option<DateTime<Utc>>>(2).is_some())
+    {
+        return Ok(CleanupBound::Blocked(format!(
+            "slot {:?} is recovering a lost slot's gap from the outbox table; cleanup waits \
+             until that recovery finished (outboxd status)",
+            r.get::<_, String>(0)
+        )));
+    }
+    let Some(first) = rows.first() else {
+        return Ok(CleanupBound::NoState);
+    };
+    let slot: String = first.get(0);
+    match first.get::<_, Option<DateTime<Utc>>>(1) {
+        None => Ok(CleanupBound::Blocked(format!(
+            "slot {slot:?} has not delivered anything yet (no delivery mark in \
+             outboxd_slot_state); if that relay was decommissioned, delete its row there"
+        ))),
+        Some(mark) => Ok(CleanupBound::Mark { slot, mark }),
+    }
+}
+
 /// Records the intent to recover from `since` before anything else happens, so a relay killed
 /// in the middle recovers the same range again.
 pub async fn begin_recovery(
