@@ -38,6 +38,9 @@ GRANT SELECT ON public.outbox TO outboxd_relay;
 GRANT SELECT, INSERT, UPDATE ON public.outbox_parked, public.outboxd_status,
     public.outboxd_slot_state TO outboxd_relay;
 GRANT SELECT ON public.outbox_parked_audit TO outboxd_relay;
+-- Shadow mode (shadow.enabled) records its comparison here.
+GRANT SELECT, INSERT, UPDATE ON public.outboxd_shadow_counts, public.outboxd_shadow_diffs TO outboxd_relay;
+GRANT USAGE ON SEQUENCE public.outboxd_shadow_diffs_id_seq TO outboxd_relay;
 GRANT USAGE ON SEQUENCE public.outbox_parked_id_seq TO outboxd_relay;
 -- Fencing (relay.takeover_after_ms): a standby terminates the walsender of a frozen active
 -- instance with pg_terminate_backend. For a walsender of the same role that needs nothing more;

@@ -29,6 +29,8 @@
 //!   (all `outboxd_status` SQL).
 //! - `cleanup/`: deleting delivered outbox rows (R34) in batches behind every slot's delivery
 //!   mark and the recovery window; `partitions`: dropping whole partitions of a partitioned outbox.
+//! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy
+//!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records.
 //! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
 //!   `alerts`, `parked`, `recover`).
 //! - [`config`] (+ `secrets`), [`error`], `fail` (crash hooks for the crash-window tests).
@@ -47,6 +49,7 @@ pub mod obs;
 pub(crate) mod poison;
 pub(crate) mod relay;
 pub(crate) mod schema;
+pub(crate) mod shadow;
 pub(crate) mod slot;
 pub(crate) mod supervisor;
 

@@ -17,6 +17,7 @@ mod tests {
             crate::poison::store::PARKED_SQL,
             crate::obs::status_row::STATUS_SQL,
             crate::slot::state::STATE_SQL,
+            crate::shadow::store::SHADOW_SQL,
         ] {
             for (i, _) in ddl.match_indices("public.") {
                 let name: String = ddl[i + 7..]

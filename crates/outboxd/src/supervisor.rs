@@ -33,12 +33,33 @@ pub async fn run_observed(
     let mut fence = crate::slot::fence::Fence::new(&cfg);
     // `cleanup.every`: beside the sessions, ended with them (aborted on drop).
     let _cleanup = crate::cleanup::spawn(&cfg, shutdown.clone()).map(AbortOnDrop);
+    let mut shadow: Option<(crate::shadow::Tap, AbortOnDrop)> = None;
     loop {
         if *shutdown.borrow() {
             return Ok(());
         }
         let started = Instant::now();
-        let err = match session::run_session(&cfg, &mut shutdown, &observed).await {
+        // Shadow mode's comparator lives across sessions (its pending events too); started
+        // like a session, so a broker away at start-up is retried, not fatal.
+        if cfg.shadow.enabled && shadow.is_none() {
+            match crate::shadow::start(&cfg, shutdown.clone(), observed.clone()).await {
+                Ok(s) => shadow = s.map(|(tap, task)| (tap, AbortOnDrop(task))),
+                Err(e) => {
+                    if e.policy().retry == Retry::Stop {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %cfg.redactor.scrub(&e.to_string()), "shadow comparator not started; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(jitter(backoff)) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                    backoff = (backoff * 2).min(max);
+                    continue;
+                }
+            }
+        }
+        let tap = shadow.as_ref().map(|(t, _)| t);
+        let err = match session::run_session(&cfg, &mut shutdown, &observed, tap).await {
             Ok(session::SessionEnd::Shutdown) => return Ok(()),
             Err(e) => e,
         };

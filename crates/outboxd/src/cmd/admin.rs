@@ -149,7 +149,11 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     }
     crate::poison::store::ensure_tables(&sql).await?;
     crate::obs::status_row::ensure_table(&sql).await?;
-    done.push("tables outbox_parked, outbox_parked_audit and outboxd_status present".into());
+    crate::shadow::store::ensure_tables(&sql).await?;
+    done.push(
+        "tables outbox_parked, outbox_parked_audit, outboxd_status and outboxd_shadow_* present"
+            .into(),
+    );
     // From now on a lost slot is detected and its gap recovered (docs/reliability.md). The row
     // is written BEFORE the slot exists: a change written after the slot but before a
     // publication the user creates next would make pgoutput fail with "publication does not

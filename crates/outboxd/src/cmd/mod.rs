@@ -5,6 +5,7 @@ pub(crate) mod alerts;
 pub(crate) mod parked;
 pub(crate) mod privileges;
 pub(crate) mod recover;
+pub(crate) mod shadow;
 pub(crate) mod status;
 
 use crate::config::{Config, LogFormat};
@@ -73,6 +74,13 @@ pub enum Cmd {
         /// source.dsn.
         #[arg(long = "dsn", env = "OUTBOXD_CLEANUP_DSN", hide_env_values = true)]
         dsn: Option<String>,
+    },
+    /// Shadow mode (shadow.enabled): what the comparison with the legacy path found.
+    Shadow {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        cmd: crate::cmd::shadow::ShadowCmd,
     },
     /// Inspect and repair parked (poison) events.
     Parked {
@@ -157,6 +165,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Parked { config, .. } => config.config.clone(),
         Cmd::Recover { config, .. } => config.config.clone(),
         Cmd::Cleanup { config, .. } => config.config.clone(),
+        Cmd::Shadow { config, .. } => config.config.clone(),
     };
     let path = path.context("a config file is needed: --config FILE (or env OUTBOXD_CONFIG)")?;
     // Read errors name the file themselves; the others get it as context.
@@ -244,6 +253,10 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
         }
         Cmd::Recover { since, dry_run, .. } => {
             print!("{}", crate::cmd::recover::run(&cfg, since, dry_run).await?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Shadow { cmd, .. } => {
+            print!("{}", crate::cmd::shadow::run(&cfg, cmd).await?);
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Cleanup { dry_run, dsn, .. } => {

@@ -221,7 +221,7 @@ fn not_parked(event_id: &str) -> RelayError {
 
 /// Text from the table as the terminal may show it: control characters (escape sequences
 /// written into a payload or an aggregate id by whoever wrote the row) are escaped, never sent.
-fn printable(s: &str) -> String {
+pub(crate) fn printable(s: &str) -> String {
     if !s.chars().any(char::is_control) {
         return s.to_string();
     }

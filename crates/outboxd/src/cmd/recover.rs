@@ -18,6 +18,13 @@ pub async fn run(
     since: Option<DateTime<Utc>>,
     dry_run: bool,
 ) -> anyhow::Result<String> {
+    if cfg.shadow.enabled && !dry_run {
+        bail!(
+            "shadow mode is on (shadow.enabled): `recover` would deliver the gap for real. Let \
+             `outboxd run` recover it (in shadow mode it builds and does not deliver), or run \
+             recover after the cut-over"
+        );
+    }
     let sql = source::sql_connect(cfg).await?;
     let (slot, _) = source::preflight_opt(cfg, &sql).await?;
     let identity = slot_state::identity(&sql).await?;
@@ -107,9 +114,15 @@ pub async fn run(
         );
     }
     let (_tx, mut rx) = tokio::sync::watch::channel(false);
-    pipeline::run_session_as(cfg, &mut rx, Mode::RecoverOnly(since), &Default::default())
-        .await
-        .context("recovery")?;
+    pipeline::run_session_as(
+        cfg,
+        &mut rx,
+        Mode::RecoverOnly(since),
+        &Default::default(),
+        None,
+    )
+    .await
+    .context("recovery")?;
     let after = slot_state::load(&sql, name).await?;
     let events = after
         .as_ref()

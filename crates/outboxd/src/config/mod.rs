@@ -6,6 +6,7 @@
 
 pub(crate) mod cleanup;
 pub(crate) mod secrets;
+pub(crate) mod shadow;
 mod validate;
 
 use serde::{Deserialize, Deserializer};
@@ -67,6 +68,9 @@ pub struct Config {
     /// Deleting delivered outbox rows (`outboxd cleanup`, or a loop in `run`).
     #[serde(default)]
     pub cleanup: cleanup::CleanupConfig,
+    /// Shadow mode for migrating off "publish inside the transaction" (R35).
+    #[serde(default)]
+    pub shadow: shadow::ShadowConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -493,7 +497,7 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bo
 }
 
 /// The sections `OUTBOXD_<SECTION>_<KEY>` may name.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "source",
     "sink",
     "relay",
@@ -504,6 +508,7 @@ const SECTIONS: [&str; 10] = [
     "heartbeat",
     "alerts",
     "cleanup",
+    "shadow",
 ];
 
 fn sub_table<'a>(t: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, ConfigError> {

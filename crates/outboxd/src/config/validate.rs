@@ -135,7 +135,8 @@ impl Config {
         if s.state_interval_ms == 0 {
             return Err(invalid("source.state_interval_ms must be positive"));
         }
-        self.validate_cleanup()
+        self.validate_cleanup()?;
+        self.shadow.validate().map_err(invalid)
     }
 
     fn validate_cleanup(&self) -> Result<(), ConfigError> {

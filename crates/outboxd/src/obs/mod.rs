@@ -44,6 +44,8 @@ pub const RECOVERIES: &str = "outboxd_recoveries_total";
 pub const RECOVERED_EVENTS: &str = "outboxd_recovered_events_total";
 pub const BROKER_ERRORS: &str = "outboxd_broker_errors_total";
 pub const FENCINGS: &str = "outboxd_fencings_total";
+pub const SHADOW_EVENTS: &str = "outboxd_shadow_events_total";
+pub const SHADOW_PENDING: &str = "outboxd_shadow_pending";
 pub const SLOT_LAST_LOSS: &str = "outboxd_slot_last_loss_timestamp_seconds";
 
 /// Every metric outboxd exports, with its help text.
@@ -152,6 +154,14 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         BLOCKED,
         "events held behind a parked event of the same aggregate, per event_type",
+    ),
+    (
+        SHADOW_EVENTS,
+        "shadow mode: events per event_type and result (matched, mismatched, missing_legacy, missing_outbox; dropped, unreadable)",
+    ),
+    (
+        SHADOW_PENDING,
+        "shadow mode: events waiting for their counterpart (at most shadow.match_window)",
     ),
     (
         FENCINGS,

@@ -100,6 +100,14 @@ impl AckTracker {
         self.txns.back().is_some_and(|t| t.commit_lsn.is_none())
     }
 
+    /// The open transaction's commit time (unix µs).
+    pub fn open_commit_us(&self) -> Option<i64> {
+        self.txns
+            .back()
+            .filter(|t| t.commit_lsn.is_none())
+            .map(|t| t.commit_us)
+    }
+
     /// An event of the open transaction was handed to the producer; returns its sequence number.
     pub fn add_event(&mut self) -> Result<Seq, ProtocolError> {
         let txn = self

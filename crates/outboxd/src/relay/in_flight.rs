@@ -47,6 +47,11 @@ impl InFlight {
         }
     }
 
+    /// The open transaction's commit time (unix ms), if one is open.
+    pub fn open_commit_ms(&self) -> Option<i64> {
+        self.tracker.open_commit_us().map(|us| us / 1000)
+    }
+
     /// A transaction begins; `commit_us` is its commit time (unix µs).
     pub fn begin_at(&mut self, commit_us: i64) -> Result<(), ProtocolError> {
         self.tracker.begin_at(commit_us)

@@ -44,8 +44,9 @@ pub async fn run_session(
     cfg: &Config,
     shutdown: &mut watch::Receiver<bool>,
     observed: &Arc<Observed>,
+    shadow: Option<&crate::shadow::Tap>,
 ) -> Result<SessionEnd, RelayError> {
-    run_session_as(cfg, shutdown, Mode::Stream, observed).await
+    run_session_as(cfg, shutdown, Mode::Stream, observed, shadow).await
 }
 
 /// [`run_session`] in the given [`Mode`].
@@ -54,6 +55,7 @@ pub async fn run_session_as(
     shutdown: &mut watch::Receiver<bool>,
     mode: Mode,
     observed: &Arc<Observed>,
+    shadow: Option<&crate::shadow::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     let sql = source::sql_connect(cfg).await?;
     let (slot, sender_timeout) = source::preflight_opt(cfg, &sql).await?;
@@ -131,7 +133,14 @@ pub async fn run_session_as(
             start
         }
     };
-    let mut st = sql_bounded(Stages::new(cfg, sql, start, observed.clone())).await?;
+    let mut st = sql_bounded(Stages::new(
+        cfg,
+        sql,
+        start,
+        observed.clone(),
+        shadow.cloned(),
+    ))
+    .await?;
     let (producer, mut acks) = Producer::new(cfg, observed.clone())?;
     let mut repl = match recovery {
         None => source::start_stream(cfg, start, status_interval).await?,

@@ -48,6 +48,9 @@ pub struct Stages {
     advanced_by_ack: bool,
     /// This relay's health and error counts.
     observed: Arc<Observed>,
+    /// Shadow mode: records of compared types go to the comparator, not (or not only) out.
+    shadow: Option<crate::shadow::Tap>,
+    shadow_topic: String,
 }
 
 impl Stages {
@@ -56,6 +59,7 @@ impl Stages {
         sql: Client,
         confirmed: u64,
         observed: Arc<Observed>,
+        shadow: Option<crate::shadow::Tap>,
     ) -> Result<Self, RelayError> {
         let poison = PoisonHandler::new(cfg, &sql, observed.clone()).await?;
         crate::obs::status_row::ensure_table(&sql).await?;
@@ -76,6 +80,8 @@ impl Stages {
             watch: Watch::new(cfg),
             advanced_by_ack: false,
             observed,
+            shadow,
+            shadow_topic: String::new(),
         })
     }
 
@@ -305,14 +311,30 @@ impl Stages {
             }
         }
         self.topic.render(&event, &mut self.topic_buf);
-        let seq = self.in_flight.add(
-            event.event_type,
-            &self.topic_buf,
-            event.size(),
-            &self.observed.labels,
-        )?;
+        let mut topic = self.topic_buf.as_str();
+        if let Some(tap) = self
+            .shadow
+            .as_ref()
+            .filter(|t| !t.delivers(event.event_type))
+        {
+            let commit_ms = self.in_flight.open_commit_ms().unwrap_or(i64::MAX);
+            tap.offer(commit_ms, || crate::shadow::record_of(&event, topic));
+            match tap.prefix() {
+                // Nothing in flight: the transaction confirms like one without events.
+                None => return Ok(()),
+                Some(prefix) => {
+                    self.shadow_topic.clear();
+                    self.shadow_topic.push_str(prefix);
+                    self.shadow_topic.push_str(topic);
+                    topic = self.shadow_topic.as_str();
+                }
+            }
+        }
+        let seq =
+            self.in_flight
+                .add(event.event_type, topic, event.size(), &self.observed.labels)?;
         // A synchronous refusal arrives as an Ack before the session reads the next event.
-        producer.send(&self.topic_buf, &event, seq).await;
+        producer.send(topic, &event, seq).await;
         fail::hit("produced");
         Ok(())
     }
