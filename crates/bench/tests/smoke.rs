@@ -47,6 +47,10 @@ fn bench_smoke_completes_and_verifies_every_event() {
     for who in ["CeilingRecvlogical", "CeilingBare", "CeilingBareTls"] {
         assert!(runs.iter().any(|x| x["contestant"] == who), "no {who} run");
     }
+    // The cleanup comparison deleted its history rows while the relay delivered.
+    let c = &r["cleanup"];
+    assert_eq!(c["deleted"], c["history_rows"], "{c}");
+    assert!(c["during"]["events"].as_u64().unwrap() > 0, "{c}");
     let big = r["big_txn"].as_array().unwrap();
     let ob = big.iter().find(|x| x["contestant"] == "Outboxd").unwrap();
     assert_eq!(ob["verified"]["distinct"], ob["verified"]["expected"]);

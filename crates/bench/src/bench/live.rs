@@ -149,28 +149,56 @@ pub async fn kafka_tls_points(
 }
 
 /// What one relay process's points share.
-struct RelayRun<'a> {
-    kind: Contestant,
-    sql: &'a tokio_postgres::Client,
-    slot: &'a str,
+pub(super) struct RelayRun<'a> {
+    pub kind: Contestant,
+    pub sql: &'a tokio_postgres::Client,
+    pub slot: &'a str,
     metrics_port: u16,
     pids: [Option<u32>; 3],
     proxy_tid: Option<u32>,
 }
 
-/// One relay process (fresh slot) for all offered loads, after a warm-up. `round` numbers the
-/// slot and topic when a contestant gets more than one process.
-async fn latency_relay(
+/// A relay process on a fresh slot, warmed up: what its points and its end need.
+pub(super) struct Started {
+    pub slot: String,
+    /// The relay's config file (other outboxd commands may use it).
+    pub config: std::path::PathBuf,
+    sql: tokio_postgres::Client,
+    pid: u32,
+    walsender: Option<u32>,
+    metrics_port: u16,
+    topic: String,
+    bootstrap: String,
+    broker_pid: Option<u32>,
+    proxy_tid: Option<u32>,
+    first: i64,
+    pub total: u64,
+}
+
+impl Started {
+    pub fn run(&self, kind: Contestant) -> RelayRun<'_> {
+        RelayRun {
+            kind,
+            sql: &self.sql,
+            slot: &self.slot,
+            metrics_port: self.metrics_port,
+            pids: [Some(self.pid), self.walsender, self.broker_pid],
+            proxy_tid: self.proxy_tid,
+        }
+    }
+}
+
+/// Starts one relay process (fresh slot and topic) and warms it up. `round` numbers the slot
+/// and topic when a contestant gets more than one process.
+pub(super) async fn start_relay(
     w: &mut World,
     o: &Opts,
     cfg: &RunCfg,
     kind: Contestant,
-    round: Option<usize>,
-    rates: &[Load],
-    consumer_at: Option<Load>,
-) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
+    round: Option<String>,
+) -> Result<Started> {
     let shape = o.shape(o.tx_sizes[0]);
-    let r = round.map_or(String::new(), |r| r.to_string());
+    let r = round.unwrap_or_default();
     let slot = format!("{}_lat{r}", kind.tag());
     let topic = format!("{}.lat{r}.{AGG_TYPE}", kind.tag());
     let sink = w.sink(kind)?;
@@ -191,14 +219,6 @@ async fn latency_relay(
     let pid = contest::spawn(&mut cmd, &log_path)?;
     contest::wait_active(&sql, &slot, pid, &log_path).await?;
     let walsender = world::slot_state(&sql, &slot).await?.0.map(|p| p as u32);
-    let run = RelayRun {
-        kind,
-        sql: &sql,
-        slot: &slot,
-        metrics_port,
-        pids: [Some(pid), walsender, sink.broker_pid],
-        proxy_tid: sink.proxy_tid,
-    };
     // Warm-up: the relay's first delivery pays for broker metadata and the producer id
     // (about a second on tansu); that is start-up, not commit→ack latency.
     let warm = latency::open_loop(w, "outbox", Some(2_000.0), 0.25, shape, 1).await?;
@@ -207,33 +227,44 @@ async fn latency_relay(
     while world::slot_state(&sql, &slot).await?.1 < warm_lsn && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (first, mut total) = (warm.first_version, warm.events);
-    // The consumer point comes first, while the topic is short: tansu's fetches (memory
-    // storage) cost more the longer the topic, which would charge the broker, not the relay.
-    let mut with_consumer = vec![];
-    if let Some(load) = consumer_at {
-        let c = LiveConsumer::start(&sink.bootstrap, &topic)?;
-        let (p, written) = relay_point(w, o, &run, load).await?;
-        total += written.events;
-        with_consumer.push(consumer_view(p, c, &written)?);
-    }
-    let mut points = vec![];
-    for &load in rates {
-        let (p, written) = relay_point(w, o, &run, load).await?;
-        total += written.events;
-        let saturated = p.saturated;
-        points.push(p);
-        if saturated {
-            break;
-        }
-    }
-    let rss = crate::procstat::peak_rss_kib(pid);
-    crate::procstat::terminate(pid, Duration::from_secs(30))?;
-    w.drop_slot(&slot).await?;
-    for p in points.iter_mut().chain(with_consumer.iter_mut()) {
+    Ok(Started {
+        config: w.dir.path().join(format!("{slot}.toml")),
+        slot,
+        sql,
+        pid,
+        walsender,
+        metrics_port,
+        topic,
+        bootstrap: sink.bootstrap.clone(),
+        broker_pid: sink.broker_pid,
+        proxy_tid: sink.proxy_tid,
+        first: warm.first_version,
+        total: warm.events,
+    })
+}
+
+/// Stops the relay, drops its slot and verifies its topic holds every event written (the
+/// verdict goes on the last of `points`; RSS on all points).
+pub(super) async fn finish_relay(
+    w: &mut World,
+    kind: Contestant,
+    s: Started,
+    points: &mut [LatencyPoint],
+    others: &mut [LatencyPoint],
+) -> Result<()> {
+    let rss = crate::procstat::peak_rss_kib(s.pid);
+    crate::procstat::terminate(s.pid, Duration::from_secs(30))?;
+    w.drop_slot(&s.slot).await?;
+    for p in points.iter_mut().chain(others.iter_mut()) {
         p.peak_rss_kib = rss;
     }
-    let v = verify_topic(&sink.bootstrap, &topic, first, total, verify_timeout(total))?;
+    let v = verify_topic(
+        &s.bootstrap,
+        &s.topic,
+        s.first,
+        s.total,
+        verify_timeout(s.total),
+    )?;
     // Concurrent writers commit versions out of order, so only completeness is checked.
     if v.distinct != v.expected {
         bail!("{} latency run failed verification: {v:?}", kind.label());
@@ -241,10 +272,44 @@ async fn latency_relay(
     if let Some(last) = points.last_mut() {
         last.verified = Some(v);
     }
+    Ok(())
+}
+
+/// One relay process for all offered loads, after a warm-up.
+async fn latency_relay(
+    w: &mut World,
+    o: &Opts,
+    cfg: &RunCfg,
+    kind: Contestant,
+    round: Option<usize>,
+    rates: &[Load],
+    consumer_at: Option<Load>,
+) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
+    let mut s = start_relay(w, o, cfg, kind, round.map(|r| r.to_string())).await?;
+    // The consumer point comes first, while the topic is short: tansu's fetches (memory
+    // storage) cost more the longer the topic, which would charge the broker, not the relay.
+    let mut with_consumer = vec![];
+    if let Some(load) = consumer_at {
+        let c = LiveConsumer::start(&s.bootstrap, &s.topic)?;
+        let (p, written) = relay_point(w, o, &s.run(kind), load).await?;
+        s.total += written.events;
+        with_consumer.push(consumer_view(p, c, &written)?);
+    }
+    let mut points = vec![];
+    for &load in rates {
+        let (p, written) = relay_point(w, o, &s.run(kind), load).await?;
+        s.total += written.events;
+        let saturated = p.saturated;
+        points.push(p);
+        if saturated {
+            break;
+        }
+    }
+    finish_relay(w, kind, s, &mut points, &mut with_consumer).await?;
     Ok((points, with_consumer))
 }
 
-async fn relay_point(
+pub(super) async fn relay_point(
     w: &mut World,
     o: &Opts,
     r: &RelayRun<'_>,

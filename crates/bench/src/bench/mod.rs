@@ -1,6 +1,7 @@
 //! The benchmark run: throughput per transaction size (ceiling, outboxd, polling), latency at
 //! fixed offered loads, what TLS to Kafka costs, and one very large transaction; then the report.
 
+pub mod cleanup;
 pub mod live;
 
 use crate::contest::{self, Contestant, RunCfg, RunResult};
@@ -106,6 +107,13 @@ pub struct Opts {
     /// The live load of the TLS-to-Kafka comparison, as a fraction of the ceiling (0: none).
     #[arg(long, default_value_t = 0.1)]
     pub kafka_tls_at: f64,
+    /// The load of the cleanup comparison (a fraction of the ceiling; 0: skip): one live point
+    /// without, one while `outboxd cleanup` deletes --cleanup-rows old rows.
+    #[arg(long, default_value_t = 0.1)]
+    pub cleanup_at: f64,
+    /// Old, delivered rows `outboxd cleanup` deletes during the cleanup comparison.
+    #[arg(long, default_value_t = 300_000)]
+    pub cleanup_rows: u64,
     /// Command prefix for the relay, e.g. "valgrind --tool=callgrind" to profile it.
     #[arg(long)]
     pub relay_wrapper: Option<String>,
@@ -141,6 +149,7 @@ impl Opts {
             self.max_rate = None;
             self.latency_secs = self.latency_secs.min(1.0);
             self.big_txn_rows = self.big_txn_rows.min(5_000);
+            self.cleanup_rows = self.cleanup_rows.min(5_000);
         }
     }
 
@@ -232,6 +241,7 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
         consumer_points: vec![],
         write_capacity: None,
         kafka_tls: None,
+        cleanup: None,
         big_txn: vec![],
         finished_in_s: 0.0,
     };
@@ -278,6 +288,14 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
         }
         k.negotiated = w.hop.as_ref().and_then(KafkaHop::negotiated);
         report.kafka_tls = Some(k);
+    }
+    let cleanup_load = if o.smoke {
+        Some((2_000.0, None))
+    } else {
+        (o.cleanup_at > 0.0).then_some((o.cleanup_at * ceiling, Some(o.cleanup_at)))
+    };
+    if let Some(load) = cleanup_load.filter(|_| !o.skip_latency && o.cleanup_rows > 0) {
+        report.cleanup = Some(crate::bench::cleanup::cleanup_points(&mut w, &o, &cfg, load).await?);
     }
     if o.big_txn_rows > 0 {
         report.big_txn = big_txn(&mut w, &o, &cfg).await?;

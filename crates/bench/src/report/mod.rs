@@ -1,6 +1,7 @@
 //! The results: medians per contestant, the latency points, the targets of issue 7 checked as
 //! ratios within this one run, Markdown for docs/benchmarks.md and JSON for tooling.
 
+pub mod cleanup;
 pub mod kafka_tls;
 
 use crate::contest::{Contestant, RunResult};
@@ -31,6 +32,9 @@ pub struct Report {
     /// What TLS to Kafka costs (its throughput runs are in the scenario of its `tx_size`).
     #[serde(default)]
     pub kafka_tls: Option<crate::report::kafka_tls::KafkaTlsReport>,
+    /// What cleanup costs live delivery.
+    #[serde(default)]
+    pub cleanup: Option<crate::bench::cleanup::CleanupImpact>,
     pub big_txn: Vec<RunResult>,
     pub finished_in_s: f64,
 }
@@ -391,6 +395,7 @@ impl Report {
         }
         self.latency_markdown(w);
         self.kafka_tls_markdown(w);
+        self.cleanup_markdown(w);
         if !self.big_txn.is_empty() {
             let _ = writeln!(
                 w,

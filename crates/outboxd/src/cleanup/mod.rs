@@ -249,7 +249,17 @@ pub async fn run_once(
             break;
         }
         if report.deleted >= c.max_rows_per_run {
-            report.capped = true;
+            // Capped only if something is left (one index probe).
+            report.capped = sql
+                .query_one(
+                    &format!(
+                        "SELECT EXISTS (SELECT 1 FROM {qualified} WHERE {ts} >= $1 AND {ts} < $2)"
+                    ),
+                    &[&cursor, &cutoff],
+                )
+                .await
+                .map_err(privilege)?
+                .get(0);
             break;
         }
         tokio::time::sleep(Duration::from_millis(c.pause_ms)).await;
