@@ -141,6 +141,7 @@ pub async fn start(
     );
     let slot = cfg.source.slot.clone();
     let redactor = cfg.redactor.clone();
+    let cfg = cfg.clone();
     let task = tokio::spawn(async move {
         let mut c = Comparator {
             matcher,
@@ -151,6 +152,7 @@ pub async fn start(
             unreadable: 0,
             diffs_left: store::MAX_DIFFS,
             decided: Vec::new(),
+            cfg,
         };
         c.run(rx, consumer, &mut sql, &slot, shutdown, &redactor)
             .await;
@@ -168,6 +170,8 @@ struct Comparator {
     unreadable: u64,
     diffs_left: u64,
     decided: Vec<Decided>,
+    /// To reconnect when the database connection is gone.
+    cfg: Config,
 }
 
 impl Comparator {
@@ -254,6 +258,11 @@ impl Comparator {
             // Kept for the next tick (bounded: the oldest go if the database stays away).
             Err(e) => {
                 tracing::warn!(error = %e, "shadow: cannot record outcomes; retrying");
+                if sql.is_closed() {
+                    if let Ok(c) = crate::relay::source::sql_connect(&self.cfg).await {
+                        *sql = c;
+                    }
+                }
                 let excess = self.decided.len().saturating_sub(100_000);
                 self.decided.drain(..excess);
             }
