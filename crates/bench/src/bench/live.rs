@@ -23,7 +23,7 @@ pub async fn latency_phase(
     o: &Opts,
     cfg: &RunCfg,
     rates: &[Load],
-    consumer_at: Option<Load>,
+    consumer_at: &[Load],
 ) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
     let (mut points, mut with_consumer) = (vec![], vec![]);
     w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.partitions)
@@ -50,7 +50,7 @@ async fn latency_polling(
     o: &Opts,
     cfg: &RunCfg,
     rates: &[Load],
-    consumer_at: Option<Load>,
+    consumer_at: &[Load],
 ) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
     let shape = o.shape(o.tx_sizes[0]);
     let topic = format!("poll.lat.{AGG_TYPE}");
@@ -69,7 +69,7 @@ async fn latency_polling(
     ];
     // First, as for the relays.
     let mut with_consumer = vec![];
-    if let Some(load) = consumer_at {
+    for &load in consumer_at {
         let c = LiveConsumer::start(&w.bootstrap(), &topic)?;
         let (p, written) = polling_point(w, o, &mut live, &pids, load).await?;
         with_consumer.push(consumer_view(p, c, &written)?);
@@ -141,7 +141,7 @@ pub async fn kafka_tls_points(
             pair.reverse();
         }
         for k in pair {
-            let (p, _) = latency_relay(w, o, cfg, k, Some(r), &[load], None).await?;
+            let (p, _) = latency_relay(w, o, cfg, k, Some(r), &[load], &[]).await?;
             out.extend(p);
         }
     }
@@ -283,13 +283,13 @@ async fn latency_relay(
     kind: Contestant,
     round: Option<usize>,
     rates: &[Load],
-    consumer_at: Option<Load>,
+    consumer_at: &[Load],
 ) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
     let mut s = start_relay(w, o, cfg, kind, round.map(|r| r.to_string())).await?;
     // The consumer point comes first, while the topic is short: tansu's fetches (memory
     // storage) cost more the longer the topic, which would charge the broker, not the relay.
     let mut with_consumer = vec![];
-    if let Some(load) = consumer_at {
+    for &load in consumer_at {
         let c = LiveConsumer::start(&s.bootstrap, &s.topic)?;
         let (p, written) = relay_point(w, o, &s.run(kind), load).await?;
         s.total += written.events;

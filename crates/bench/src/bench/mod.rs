@@ -56,11 +56,11 @@ pub struct Opts {
     /// commit back to back, i.e. closed loop at the highest rate the machine sustains.
     #[arg(long)]
     pub max_rate: Option<f64>,
-    /// One more latency point at this fraction of the ceiling with a consumer reading the
-    /// topic: commit→consumer latency (0: none). Kept out of the sweep because the consumer
-    /// competes with the relay for CPU.
-    #[arg(long, default_value_t = 0.1)]
-    pub consumer_at: f64,
+    /// More latency points at these fractions of the ceiling with a consumer reading the
+    /// topic: commit→consumer latency (0 or empty: none). Kept out of the sweep because the
+    /// consumer competes with the relay for CPU.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.25")]
+    pub consumer_at: Vec<f64>,
     /// Seconds of writing per latency point.
     #[arg(long, default_value_t = 5.0)]
     pub latency_secs: f64,
@@ -263,13 +263,17 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
     if !o.skip_latency {
         report.write_capacity = Some(write_capacity(&mut w, &o).await?);
         // The smoke run's rate is fixed: it checks the machinery, not the machine.
-        let consumer_at = if o.smoke {
-            Some((2_000.0, None))
+        let consumer_at: Vec<(f64, Option<f64>)> = if o.smoke {
+            vec![(2_000.0, None)]
         } else {
-            (o.consumer_at > 0.0).then_some((o.consumer_at * ceiling, Some(o.consumer_at)))
+            o.consumer_at
+                .iter()
+                .filter(|f| **f > 0.0)
+                .map(|f| (f * ceiling, Some(*f)))
+                .collect()
         };
         let (points, with_consumer) =
-            crate::bench::live::latency_phase(&mut w, &o, &cfg, &rates, consumer_at).await?;
+            crate::bench::live::latency_phase(&mut w, &o, &cfg, &rates, &consumer_at).await?;
         report.latency = points;
         report.consumer_points = with_consumer;
     }
