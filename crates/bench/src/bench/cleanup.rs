@@ -5,22 +5,10 @@
 use super::live::{finish_relay, relay_point, start_relay, Load};
 use super::{log, Opts};
 use crate::contest::{Contestant, RunCfg};
-use crate::report::LatencyPoint;
+use crate::report::cleanup::CleanupImpact;
 use crate::world::World;
 use anyhow::{bail, Context, Result};
 use std::process::Stdio;
-
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct CleanupImpact {
-    /// Old rows in the table when cleanup started.
-    pub history_rows: i64,
-    pub deleted: u64,
-    pub cleanup_s: f64,
-    pub batches: u64,
-    /// The same load before cleanup, then while it ran.
-    pub baseline: LatencyPoint,
-    pub during: LatencyPoint,
-}
 
 pub async fn cleanup_points(
     w: &mut World,

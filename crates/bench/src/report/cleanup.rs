@@ -1,7 +1,19 @@
 //! The cleanup comparison's section of the report (`crate::bench::cleanup`).
 
-use super::{opt, Report};
+use super::{opt, LatencyPoint, Report};
 use std::fmt::Write as _;
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CleanupImpact {
+    /// Old rows in the table when cleanup started.
+    pub history_rows: i64,
+    pub deleted: u64,
+    pub cleanup_s: f64,
+    pub batches: u64,
+    /// The same load before cleanup, then while it ran.
+    pub baseline: LatencyPoint,
+    pub during: LatencyPoint,
+}
 
 impl Report {
     /// "What cleanup costs live delivery": the same load without and while cleanup deletes.

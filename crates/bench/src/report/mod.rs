@@ -34,7 +34,7 @@ pub struct Report {
     pub kafka_tls: Option<crate::report::kafka_tls::KafkaTlsReport>,
     /// What cleanup costs live delivery.
     #[serde(default)]
-    pub cleanup: Option<crate::bench::cleanup::CleanupImpact>,
+    pub cleanup: Option<crate::report::cleanup::CleanupImpact>,
     pub big_txn: Vec<RunResult>,
     pub finished_in_s: f64,
 }
