@@ -18,7 +18,9 @@
 //!   - `ack`: the tracker turning out-of-order acks into the one LSN safe to confirm;
 //!     `in_flight`: the tracker plus bytes, labels and latency of the unacknowledged events;
 //!   - `stages`: dispatches one replication event or Ack to the parts it owns (`InFlight`,
-//!     `poison::handler::PoisonHandler`, `obs::watch::Watch`); `session`: one session's loop.
+//!     `poison::handler::PoisonHandler`, `obs::watch::Watch`); `session`: one session's loop;
+//!   - `table_reader`: outbox rows read from the table instead of the WAL, fed to the stages as
+//!     synthetic pgoutput messages (byte-identical records): slot-loss recovery and replay.
 //! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
 //!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
 //! - `poison/`: events retrying cannot fix — `policy` (classes, per-type policy), `validate`
