@@ -47,7 +47,6 @@ pub struct Filter {
 }
 
 /// Where the rows come from.
-#[allow(dead_code)] // Pages: replay, the next commit
 pub enum Rows {
     /// `FETCH` from the cursor [`TableReader::cursor`] declared inside the caller's transaction.
     Cursor,
@@ -60,7 +59,6 @@ pub enum Rows {
 
 /// The LSNs of the synthetic transactions.
 #[derive(Debug, Clone, Copy)]
-#[allow(dead_code)] // Counting: replay, the next commit
 pub enum Lsns {
     /// All at one LSN (recovery: the slot's consistent point, where the stream continues).
     Fixed(u64),
@@ -164,7 +162,6 @@ impl TableReader {
     /// A reader of the rows matching `filter` after `after`, in `(created_at, event_id)`
     /// order, `batch` rows per page (and per synthetic transaction). `client` must have had
     /// [`TableReader::prepare_session`].
-    #[allow(dead_code)] // replay, the next commit
     pub async fn pages(
         cfg: &Config,
         client: Client,
