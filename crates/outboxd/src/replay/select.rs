@@ -183,10 +183,12 @@ impl Selection {
     pub fn filter(&self, names: &ColumnNames, id_type: &str) -> Result<Filter, ReplayError> {
         let col = |n: &str| format!("o.{}", quote_ident(n));
         match self {
+            // Without a created_at a row has no place in the replay order: not selected.
             Self::Ids(ids) => Ok(Filter {
                 sql: format!(
-                    "{} = ANY(CAST($1::text[] AS {id_type}[]))",
-                    col(&names.event_id)
+                    "{} = ANY(CAST($1::text[] AS {id_type}[])) AND {} IS NOT NULL",
+                    col(&names.event_id),
+                    col(created_at(names)?)
                 ),
                 params: vec![Box::new(ids.clone())],
             }),

@@ -231,6 +231,12 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
         Some(ReplayCmd::Request { select, req }) => {
             let reason = reason(&req)?;
             let (sel, summary) = plan(cfg, &sql, &select).await?;
+            if summary.total == 0 {
+                return Err(ReplayError::Selection(format!(
+                    "nothing to replay: no outbox row matches ({})",
+                    sel.describe()
+                )));
+            }
             let id = record(cfg, &sql, &sel, &summary, &req, reason, true).await?;
             let r = store::load(&sql, slot, id).await?;
             ok(format!(

@@ -100,7 +100,7 @@ pub fn list(rows: &[store::Replay]) -> String {
             printable(&r.reason)
         );
     }
-    let _ = write!(o, "{} replay(s)", rows.len());
+    let _ = writeln!(o, "{} replay(s)", rows.len());
     o
 }
 
@@ -116,7 +116,11 @@ pub fn show(r: &store::Replay) -> String {
     let _ = writeln!(o, "selected:      {} event(s) when requested", r.events);
     if let Some(groups) = r.summary.as_array() {
         for g in groups {
-            let f = |i: usize| g.get(i).map(|v| v.to_string()).unwrap_or_default();
+            let f = |i: usize| match g.get(i) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(v) => v.to_string(),
+                None => String::new(),
+            };
             let _ = writeln!(
                 o,
                 "               {} → {}: {}",
