@@ -4,7 +4,8 @@
 //! - by ids: the dry run sends nothing and reports counts, topics and missing ids; the executed
 //!   replay's records equal the live relay's byte for byte (key, value, headers in order,
 //!   timestamp); the audit row records who, why, what and the result;
-//! - by time range and filters: exactly the selected events, nothing else;
+//! - by time range and filters: exactly the selected events, nothing else; types that shadow
+//!   mode does not deliver yet are refused;
 //! - approval: too large or side-effecting → `--execute` refused naming `replay request`; the
 //!   requesting role cannot approve (the command and the table's guard both refuse); another
 //!   role can, and `run` executes;
@@ -395,6 +396,38 @@ async fn replay_by_time_range_and_filters_selects_exactly_those() -> anyhow::Res
         sel["event_types"],
         serde_json::json!(["Deposited", "Withdrawn"])
     );
+
+    // Under shadow mode the legacy path delivers the shadowed types: no replay of those.
+    let shadow = env.dir.path().join("shadow.toml");
+    std::fs::write(
+        &shadow,
+        format!(
+            "{}\n[shadow]\nenabled = true\nlegacy_topics = [\"legacy.acct\"]\ndeliver_types = [\"Withdrawn\"]\n",
+            env.toml()
+        ),
+    )?;
+    let dry = replay(&shadow, &narrow, true);
+    assert!(
+        dry.contains("WARNING: event type Deposited is in shadow mode"),
+        "{dry}"
+    );
+    assert!(
+        !dry.contains("event type Withdrawn is in shadow mode"),
+        "{dry}"
+    );
+    let out = replay(
+        &shadow,
+        &[&narrow[..], &["--execute", "--reason", "r"]].concat(),
+        false,
+    );
+    assert!(out.contains("Deposited are in shadow mode"), "{out}");
+    let only = [
+        &range[..],
+        &["--event-type", "Withdrawn", "--execute", "--reason", "r"],
+    ]
+    .concat();
+    let out = replay(&shadow, &only, true);
+    assert!(out.contains("finished: 2 event(s) sent"), "{out}");
     Ok(())
 }
 

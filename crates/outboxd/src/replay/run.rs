@@ -108,6 +108,10 @@ pub async fn execute(
         }
         _ => {}
     }
+    // Shadow mode may have been switched on since the request.
+    let types = r.summary.as_array().into_iter().flatten();
+    let types = types.filter_map(|g| g.get(0).and_then(serde_json::Value::as_str));
+    select::refuse_shadowed(&select::shadowed(cfg, types))?;
     let approved = u32::try_from(r.rate).unwrap_or(1).max(1);
     let rate = rate.map_or(approved, |x| x.clamp(1, approved));
     let sel = Selection::from_json(&r.selection)?;

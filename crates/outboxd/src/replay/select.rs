@@ -266,6 +266,8 @@ pub struct Summary {
     pub not_found: Vec<String>,
     /// Selected event types marked as having side effects (`replay.side_effect_types`).
     pub side_effects: Vec<String>,
+    /// Selected event types outboxd does not deliver yet (`[shadow]`): refused.
+    pub shadowed: Vec<String>,
 }
 
 impl Summary {
@@ -296,6 +298,36 @@ impl Summary {
         }
         why
     }
+}
+
+/// Of these event types, the ones shadow mode keeps from real delivery (`shadow.enabled` and
+/// not in `shadow.deliver_types`): the legacy path delivers them, so outboxd must not replay
+/// them onto the real topics.
+pub fn shadowed<'a>(cfg: &Config, types: impl Iterator<Item = &'a str>) -> Vec<String> {
+    if !cfg.shadow.enabled {
+        return Vec::new();
+    }
+    types
+        .filter(|t| !cfg.shadow.deliver_types.iter().any(|d| d == t))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Refuses a replay of types shadow mode does not deliver yet.
+pub fn refuse_shadowed(shadowed: &[String]) -> Result<(), ReplayError> {
+    if shadowed.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = shadowed
+        .iter()
+        .map(|t| t.escape_default().to_string())
+        .collect();
+    Err(ReplayError::Selection(format!(
+        "event type(s) {} are in shadow mode (shadow.enabled, not in shadow.deliver_types): the \
+         legacy path delivers them, not outboxd, so outboxd does not replay them; narrow the \
+         selection (--event-type) or replay them through the legacy path",
+        names.join(", ")
+    )))
 }
 
 /// Counts what `sel` selects now: per event type and topic, the time span, missing ids.
@@ -356,9 +388,11 @@ pub async fn summarize(
     let mut types: Vec<String> = s.groups.iter().map(|g| g.0.clone()).collect();
     types.dedup();
     s.side_effects = types
-        .into_iter()
+        .iter()
         .filter(|t| cfg.replay.has_side_effects(t))
+        .cloned()
         .collect();
+    s.shadowed = shadowed(cfg, types.iter().map(String::as_str));
     if let Selection::Ids(ids) = sel {
         let q = format!(
             "SELECT o.{}::text FROM {from} WHERE {}",

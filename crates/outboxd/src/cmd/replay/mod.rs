@@ -214,6 +214,7 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
         None => {
             let reason = reason(&args.req)?;
             let (sel, summary) = plan(cfg, &sql, &args.select).await?;
+            select::refuse_shadowed(&summary.shadowed)?;
             let why = summary.approval_reasons(&cfg.replay);
             if !why.is_empty() {
                 return Err(ReplayError::NeedsApproval {
@@ -231,6 +232,7 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
         Some(ReplayCmd::Request { select, req }) => {
             let reason = reason(&req)?;
             let (sel, summary) = plan(cfg, &sql, &select).await?;
+            select::refuse_shadowed(&summary.shadowed)?;
             if summary.total == 0 {
                 return Err(ReplayError::Selection(format!(
                     "nothing to replay: no outbox row matches ({})",

@@ -59,6 +59,14 @@ pub fn plan(cfg: &Config, sel: &Selection, s: &Summary, rate: u32) -> String {
             printable(t)
         );
     }
+    for t in &s.shadowed {
+        let _ = writeln!(
+            o,
+            "WARNING: event type {} is in shadow mode (not in shadow.deliver_types): the legacy \
+             path delivers it, so outboxd refuses to replay it",
+            printable(t)
+        );
+    }
     let why = s.approval_reasons(&cfg.replay);
     if why.is_empty() {
         let _ = writeln!(
