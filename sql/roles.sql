@@ -1,6 +1,6 @@
 -- outboxd: least-privilege roles (see docs/operations.md, "Roles and privileges").
 --
--- Three roles, each with only what its job needs:
+-- Five roles, each with only what its job needs:
 --   outboxd_admin  : runs `outboxd init` once (and after upgrades): owns the outbox table, the
 --                    publication and outboxd's own tables. Not used by the running relay.
 --   outboxd_relay  : runs `outboxd run`: streams the WAL (REPLICATION), reads the outbox table
@@ -11,6 +11,10 @@
 --   outboxd_cleanup: runs `outboxd cleanup` (cleanup.dsn, --dsn / OUTBOXD_CLEANUP_DSN): deletes
 --                    delivered outbox rows. The relay cannot delete, so a leaked relay
 --                    credential cannot destroy undelivered events.
+--   outboxd_replay : a group (NOLOGIN) for `outboxd replay` (--dsn / OUTBOXD_REPLAY_DSN): reads
+--                    the outbox and writes the replay audit. Each operator logs in as a role of
+--                    their own that is a member, so the audit names people and the one who
+--                    requested a replay cannot approve it (two-person rule, docs/operations.md).
 --
 -- Written for the defaults: the outbox table public.outbox, publication outbox_pub and
 -- source.relay_schema = public. With another relay_schema replace `public.outbox_parked`,
@@ -24,6 +28,9 @@ CREATE ROLE outboxd_admin LOGIN REPLICATION PASSWORD 'change-me-admin';
 CREATE ROLE outboxd_relay LOGIN REPLICATION PASSWORD 'change-me-relay';
 CREATE ROLE outboxd_repair LOGIN PASSWORD 'change-me-repair';
 CREATE ROLE outboxd_cleanup LOGIN PASSWORD 'change-me-cleanup';
+CREATE ROLE outboxd_replay NOLOGIN;
+-- One login role per operator who requests, approves or runs replays:
+--   CREATE ROLE alice LOGIN PASSWORD 'change-me-alice' IN ROLE outboxd_replay;
 -- init creates the outbox table and outboxd's tables in public, and the publication (which
 -- needs CREATE on the database).
 GRANT CREATE ON SCHEMA public TO outboxd_admin;
@@ -60,6 +67,12 @@ GRANT SELECT ON public.outboxd_status TO outboxd_repair;
 GRANT USAGE ON SCHEMA public TO outboxd_cleanup;
 GRANT SELECT, DELETE ON public.outbox TO outboxd_cleanup;
 GRANT SELECT ON public.outboxd_slot_state TO outboxd_cleanup;
+
+-- Replays: read the outbox, write the replay audit (Kafka credentials come from the config).
+GRANT USAGE ON SCHEMA public TO outboxd_replay;
+GRANT SELECT ON public.outbox TO outboxd_replay;
+GRANT SELECT, INSERT, UPDATE ON public.outboxd_replay TO outboxd_replay;
+GRANT USAGE ON SEQUENCE public.outboxd_replay_id_seq TO outboxd_replay;
 
 -- The application: writes events into the outbox in its own transactions.
 --   GRANT INSERT ON public.outbox TO my_service;

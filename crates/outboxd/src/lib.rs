@@ -18,12 +18,18 @@
 //!   - `ack`: the tracker turning out-of-order acks into the one LSN safe to confirm;
 //!     `in_flight`: the tracker plus bytes, labels and latency of the unacknowledged events;
 //!   - `stages`: dispatches one replication event or Ack to the parts it owns (`InFlight`,
-//!     `poison::handler::PoisonHandler`, `obs::watch::Watch`); `session`: one session's loop.
+//!     `poison::handler::PoisonHandler`, `obs::watch::Watch`); `session`: one session's loop;
+//!   - `table_reader`: outbox rows read from the table instead of the WAL, fed to the stages as
+//!     synthetic pgoutput messages (byte-identical records): slot-loss recovery and replay.
 //! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
 //!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
 //! - `poison/`: events retrying cannot fix — `policy` (classes, per-type policy), `validate`
 //!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair),
 //!   `handler` (what a session does with one: park or halt, hold, release in order).
+//! - `replay/`: `outboxd replay` (R38) — `select` (ids or an audited range, the dry run's
+//!   summary), `store` (all `outboxd_replay` SQL: request, approval by another role, cursor,
+//!   result), `run` (one rate-capped, resumable run through the table reader), `pace`,
+//!   `progress`.
 //! - `obs/`: metric names ([`obs`]) and health, `http` (the HTTP listener, bounded), `watch`
 //!   (heartbeats, stalls, slot health, per-type ages), `errors` (error counts), `status_row`
 //!   (all `outboxd_status` SQL).
@@ -32,7 +38,7 @@
 //! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy
 //!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records.
 //! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
-//!   `alerts`, `parked`, `recover`).
+//!   `alerts`, `parked`, `recover`, `replay`).
 //! - [`config`] (+ `secrets`), [`error`], `fail` (crash hooks for the crash-window tests).
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
@@ -48,6 +54,7 @@ pub(crate) mod fail;
 pub mod obs;
 pub(crate) mod poison;
 pub(crate) mod relay;
+pub(crate) mod replay;
 pub(crate) mod schema;
 pub(crate) mod shadow;
 pub(crate) mod slot;

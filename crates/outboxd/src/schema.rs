@@ -18,6 +18,7 @@ mod tests {
             crate::obs::status_row::STATUS_SQL,
             crate::slot::state::STATE_SQL,
             crate::shadow::store::SHADOW_SQL,
+            crate::replay::store::REPLAY_SQL,
         ] {
             for (i, _) in ddl.match_indices("public.") {
                 let name: String = ddl[i + 7..]

@@ -150,8 +150,15 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     crate::poison::store::ensure_tables(&sql).await?;
     crate::obs::status_row::ensure_table(&sql).await?;
     crate::shadow::store::ensure_tables(&sql).await?;
+    crate::replay::store::ensure_table(&sql)
+        .await
+        .map_err(|e| match e {
+            crate::replay::ReplayError::Relay(e) => e,
+            e => RelayError::Setup(e.to_string()),
+        })?;
     done.push(
-        "tables outbox_parked, outbox_parked_audit, outboxd_status and outboxd_shadow_* present"
+        "tables outbox_parked, outbox_parked_audit, outboxd_status, outboxd_shadow_* and \
+         outboxd_replay present"
             .into(),
     );
     // From now on a lost slot is detected and its gap recovered (docs/reliability.md). The row

@@ -5,6 +5,7 @@ pub(crate) mod alerts;
 pub(crate) mod parked;
 pub(crate) mod privileges;
 pub(crate) mod recover;
+pub(crate) mod replay;
 pub(crate) mod shadow;
 pub(crate) mod status;
 
@@ -81,6 +82,19 @@ pub enum Cmd {
         config: ConfigArg,
         #[command(subcommand)]
         cmd: crate::cmd::shadow::ShadowCmd,
+    },
+    /// Republish chosen events with their original event_ids (dry run unless --execute).
+    ///
+    /// Select exact event ids (arguments or --ids-file) or a range --since T --until T,
+    /// narrowed by --event-type, --aggregate-type, --aggregate-id. Without --execute it prints
+    /// counts per event type and topic, the time span, ids not found and warnings; nothing is
+    /// sent. Large or side-effecting replays need `replay request`, `replay approve` by
+    /// another database role, and `replay run`. Every executed replay is audited.
+    Replay {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(flatten)]
+        args: Box<crate::cmd::replay::ReplayArgs>,
     },
     /// Inspect and repair parked (poison) events.
     Parked {
@@ -166,6 +180,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Recover { config, .. } => config.config.clone(),
         Cmd::Cleanup { config, .. } => config.config.clone(),
         Cmd::Shadow { config, .. } => config.config.clone(),
+        Cmd::Replay { config, .. } => config.config.clone(),
     };
     let path = path.context("a config file is needed: --config FILE (or env OUTBOXD_CONFIG)")?;
     // Read errors name the file themselves; the others get it as context.
@@ -250,6 +265,11 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
         Cmd::Parked { cmd, .. } => {
             println!("{}", crate::cmd::parked::run(&cfg, cmd).await?);
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Replay { args, .. } => {
+            let (out, code) = crate::cmd::replay::main(&cfg, *args).await?;
+            print!("{out}");
+            Ok(code)
         }
         Cmd::Recover { since, dry_run, .. } => {
             print!("{}", crate::cmd::recover::run(&cfg, since, dry_run).await?);

@@ -61,6 +61,9 @@ const KEYS: &[(&str, &str)] = &[
     ("alerts", "slot_lag_bytes"),
     ("alerts", "heartbeat_stale_seconds"),
     ("alerts.delivery_budget_seconds", "default"),
+    ("replay", "side_effect_types"),
+    ("replay", "approval_over"),
+    ("replay", "rate"),
     ("nope", "x"),
 ];
 

@@ -5,6 +5,7 @@
 //! (`OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS` → `bootstrap.servers`).
 
 pub(crate) mod cleanup;
+pub(crate) mod replay;
 pub(crate) mod secrets;
 pub(crate) mod shadow;
 mod validate;
@@ -71,6 +72,9 @@ pub struct Config {
     /// Shadow mode for migrating off "publish inside the transaction" (R35).
     #[serde(default)]
     pub shadow: shadow::ShadowConfig,
+    /// Operator replays (`outboxd replay`, R38): side-effecting types, approval size, rate.
+    #[serde(default)]
+    pub replay: replay::ReplayConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -497,7 +501,7 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bo
 }
 
 /// The sections `OUTBOXD_<SECTION>_<KEY>` may name.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
     "source",
     "sink",
     "relay",
@@ -509,6 +513,7 @@ const SECTIONS: [&str; 11] = [
     "alerts",
     "cleanup",
     "shadow",
+    "replay",
 ];
 
 fn sub_table<'a>(t: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, ConfigError> {

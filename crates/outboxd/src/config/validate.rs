@@ -135,6 +135,11 @@ impl Config {
         if s.state_interval_ms == 0 {
             return Err(invalid("source.state_interval_ms must be positive"));
         }
+        if self.replay.rate == 0 || self.replay.rate > i32::MAX as u32 {
+            return Err(invalid(
+                "replay.rate must be a positive number of events per second",
+            ));
+        }
         self.validate_cleanup()?;
         self.shadow.validate().map_err(invalid)
     }

@@ -41,6 +41,8 @@ pub struct PoisonHandler {
     id_header: bool,
     /// What a NULL payload becomes unless the policy says: the preset's choice.
     null_default: NullPayload,
+    /// Outside the stream (replay): park nothing, hold nothing; every poison event is an error.
+    refuse_all: bool,
 }
 
 impl PoisonHandler {
@@ -52,6 +54,22 @@ impl PoisonHandler {
     ) -> Result<Self, RelayError> {
         parking::ensure_tables(sql).await?;
         let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
+        Self::with(cfg, blocked, observed, false)
+    }
+
+    /// For events republished outside the stream (replay): the parking table belongs to the
+    /// relay's stream, so nothing is parked or held there; a poison event is an error
+    /// ([`RelayError::Halted`]) that ends the replay before anything past it is recorded.
+    pub fn refusing(cfg: &Config, observed: Arc<Observed>) -> Result<Self, RelayError> {
+        Self::with(cfg, Blocked::default(), observed, true)
+    }
+
+    fn with(
+        cfg: &Config,
+        blocked: Blocked,
+        observed: Arc<Observed>,
+        refuse_all: bool,
+    ) -> Result<Self, RelayError> {
         Ok(Self {
             slot: cfg.source.slot.clone(),
             policy: cfg.policy.clone(),
@@ -66,6 +84,7 @@ impl PoisonHandler {
                 crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
                 crate::relay::route::Preset::Outboxd => NullPayload::Park,
             },
+            refuse_all,
         })
     }
 
@@ -102,7 +121,7 @@ impl PoisonHandler {
         metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class.to_string())
             .increment(1);
         self.observed.errors.record(class, &label);
-        if pol.on_poison == OnPoison::Halt {
+        if pol.on_poison == OnPoison::Halt || self.refuse_all {
             return Err(RelayError::Halted {
                 event_id: rec.event_id,
                 class: class.to_string(),

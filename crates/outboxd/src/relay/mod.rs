@@ -10,4 +10,5 @@ pub(crate) mod route;
 pub(crate) mod session;
 pub(crate) mod source;
 pub(crate) mod stages;
+pub(crate) mod table_reader;
 pub(crate) mod tls;

@@ -63,6 +63,30 @@ impl Stages {
     ) -> Result<Self, RelayError> {
         let poison = PoisonHandler::new(cfg, &sql, observed.clone()).await?;
         crate::obs::status_row::ensure_table(&sql).await?;
+        Self::with(cfg, sql, confirmed, observed, poison, shadow)
+    }
+
+    /// Stages for rows republished outside the stream ([`crate::relay::table_reader`] for a
+    /// replay): the same routing, validation and producer, but nothing is parked or held — a
+    /// poison event is an error ([`PoisonHandler::refusing`]). No shadow tap: every record is
+    /// produced. Acknowledgements are tracked from LSN 0.
+    pub fn refusing_poison(
+        cfg: &crate::Config,
+        sql: Client,
+        observed: Arc<Observed>,
+    ) -> Result<Self, RelayError> {
+        let poison = PoisonHandler::refusing(cfg, observed.clone())?;
+        Self::with(cfg, sql, 0, observed, poison, None)
+    }
+
+    fn with(
+        cfg: &crate::Config,
+        sql: Client,
+        confirmed: u64,
+        observed: Arc<Observed>,
+        poison: PoisonHandler,
+        shadow: Option<crate::shadow::Tap>,
+    ) -> Result<Self, RelayError> {
         Ok(Self {
             slot: cfg.source.slot.clone(),
             sql,

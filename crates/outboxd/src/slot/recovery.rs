@@ -13,8 +13,9 @@
 //!    consistent point; everything after it comes from the slot. A slot that can still stream
 //!    is kept and read under a fresh snapshot, which sees at least everything before it.
 //! 3. Under that snapshot, read the rows through a cursor, ordered by aggregate and version,
-//!    and feed them to the session's stages as pgoutput Insert messages: the same router,
-//!    validation, parking and producer as the live stream, so the records are byte-identical.
+//!    and feed them to the session's stages as pgoutput Insert messages
+//!    ([`crate::relay::table_reader`], which replay uses too): the same router, validation,
+//!    parking and producer as the live stream, so the records are byte-identical.
 //! 4. Wait for every acknowledgement, then rebase the state row (clearing the intent) and
 //!    start streaming from the slot's consistent point.
 //!
@@ -24,19 +25,15 @@
 use crate::config::{Config, SlotLossPolicy};
 use crate::error::RelayError;
 use crate::relay::kafka::{Ack, Producer};
-use crate::relay::pgoutput::{encode, Column, Relation};
 use crate::relay::source::{self, quote_ident};
 use crate::relay::stages::Stages;
+use crate::relay::table_reader::{self, Flow, NoHooks, TableReader};
 use crate::slot::guard::{Loss, LossReason};
 use crate::slot::state::{self as slot_state, Identity};
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use pgwire_replication::ReplicationClient;
 use tokio::sync::{mpsc, watch};
-use tokio_postgres::{Client, SimpleQueryMessage};
-
-/// Rows fetched from the cursor per round trip (and per synthetic transaction).
-const BATCH: usize = 1_000;
+use tokio_postgres::Client;
 
 /// A recovery ready to publish: the slot is in place and the reader holds the snapshot.
 pub struct Prepared {
@@ -45,8 +42,7 @@ pub struct Prepared {
     pub repl: Option<ReplicationClient>,
     /// Where the stream continues: the new slot's consistent point, or the kept slot's position.
     pub start: u64,
-    reader: Client,
-    relation: Relation,
+    reader: TableReader,
     since: DateTime<Utc>,
     reason: LossReason,
     /// Database clock before the slot was created: every transaction that committed earlier is
@@ -217,11 +213,9 @@ pub async fn prepare(
     crate::fail::hit("recovery_intent");
     let mark: DateTime<Utc> = sql.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
     let reader = source::sql_connect(cfg).await?;
+    TableReader::prepare_session(&reader).await?;
     reader
-        .batch_execute(
-            "SET datestyle = ISO, YMD; SET timezone = UTC; SET extra_float_digits = 3; \
-             BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-        )
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await?;
     let (repl, start) = if loss.replace_slot {
         if loss.slot_exists {
@@ -245,7 +239,7 @@ pub async fn prepare(
             .ok_or_else(|| RelayError::Postgres(format!("slot {:?} vanished", cfg.source.slot)))?;
         (None, slot.confirmed_flush)
     };
-    let relation = relation(cfg, &reader).await?;
+    let (relation, _) = table_reader::relation(cfg, &reader).await?;
     let names = cfg.source.columns.resolve()?;
     // Qualified: a bare name would sort by the same-named ::text output column ("10" < "9").
     let mut order = vec![
@@ -258,26 +252,21 @@ pub async fn prepare(
         }
     }
     order.push(format!("o.{ts}"));
-    let cols: Vec<String> = relation
-        .columns
-        .iter()
-        .map(|c| format!("o.{}::text", quote_ident(&c.name)))
-        .collect();
-    reader
-        .batch_execute(&format!(
-            "DECLARE outboxd_recovery NO SCROLL CURSOR FOR SELECT {} FROM {} AS o \
-             WHERE o.{ts} >= {} ORDER BY {}",
-            cols.join(", "),
-            qualified(cfg),
-            quote_literal(&since.to_rfc3339()),
-            order.join(", ")
-        ))
-        .await?;
+    let filter = format!("o.{ts} >= {}", quote_literal(&since.to_rfc3339()));
+    let reader = TableReader::cursor(
+        cfg,
+        reader,
+        &filter,
+        &order,
+        start,
+        mark,
+        "recovery_produced",
+    )
+    .await?;
     Ok(Prepared {
         repl,
         start,
         reader,
-        relation,
         since,
         reason: loss.reason.clone(),
         mark,
@@ -309,37 +298,6 @@ async fn drop_slot(cfg: &Config, sql: &Client) -> Result<(), RelayError> {
     }
 }
 
-/// The outbox table's columns as pgoutput announces them (no dropped or generated columns).
-async fn relation(cfg: &Config, reader: &Client) -> Result<Relation, RelayError> {
-    let (schema, table) = cfg.table_name();
-    let rows = reader
-        .query(
-            "SELECT c.oid, a.attname::text, a.atttypid \
-             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-             JOIN pg_attribute a ON a.attrelid = c.oid \
-             WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
-               AND a.attgenerated = '' ORDER BY a.attnum",
-            &[&schema, &table],
-        )
-        .await?;
-    let id: u32 = rows
-        .first()
-        .map(|r| r.get(0))
-        .ok_or_else(|| RelayError::Setup(format!("outbox table {schema}.{table} not found")))?;
-    Ok(Relation {
-        id,
-        namespace: schema,
-        name: table,
-        columns: rows
-            .iter()
-            .map(|r| Column {
-                name: r.get(1),
-                type_oid: r.get(2),
-            })
-            .collect(),
-    })
-}
-
 /// Steps 3–4: publishes the gap through the stages, waits for every acknowledgement, records
 /// the recovery. `Ok(None)`: shutdown was requested first (the intent stays recorded).
 pub async fn publish(
@@ -351,76 +309,15 @@ pub async fn publish(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<(Option<ReplicationClient>, u64)>, RelayError> {
     let started = std::time::Instant::now();
-    let commit_us = p.mark.timestamp_micros() - crate::relay::lsn::PG_EPOCH_US;
-    let xlog = |data: Vec<u8>| ReplicationEvent::XLogData {
-        wal_start: Lsn(0),
-        wal_end: Lsn(0),
-        server_time_micros: commit_us,
-        data: Bytes::from(data),
-    };
-    st.on_event(xlog(encode::relation(&p.relation)), producer)
+    let flow = p
+        .reader
+        .publish(cfg, st, producer, acks, shutdown, &mut NoHooks)
         .await?;
-    let max_events = cfg.relay.max_in_flight_events;
-    let mut events: i64 = 0;
-    loop {
-        // Backpressure: the same window as the live stream.
-        while st.in_flight().events() >= max_events {
-            tokio::select! {
-                _ = shutdown.changed() => return Ok(None),
-                Some(ack) = acks.recv() => st.on_ack(ack, producer).await?,
-            }
-        }
-        let msgs = p
-            .reader
-            .simple_query(&format!("FETCH {BATCH} FROM outboxd_recovery"))
-            .await?;
-        let rows: Vec<_> = msgs
-            .into_iter()
-            .filter_map(|m| match m {
-                SimpleQueryMessage::Row(r) => Some(r),
-                _ => None,
-            })
-            .collect();
-        if rows.is_empty() {
-            break;
-        }
-        st.on_event(
-            ReplicationEvent::Begin {
-                final_lsn: Lsn(p.start),
-                xid: 0,
-                commit_time_micros: commit_us,
-            },
-            producer,
-        )
-        .await?;
-        for r in &rows {
-            let values: Vec<Option<&[u8]>> =
-                (0..r.len()).map(|i| r.get(i).map(str::as_bytes)).collect();
-            st.on_event(xlog(encode::insert(p.relation.id, &values)), producer)
-                .await?;
-            events += 1;
-            crate::fail::hit("recovery_produced");
-        }
-        st.on_event(
-            ReplicationEvent::Commit {
-                lsn: Lsn(p.start),
-                end_lsn: Lsn(p.start),
-                commit_time_micros: commit_us,
-            },
-            producer,
-        )
-        .await?;
-        while let Ok(ack) = acks.try_recv() {
-            st.on_ack(ack, producer).await?;
-        }
+    if flow == Flow::Shutdown {
+        return Ok(None);
     }
-    while st.in_flight().events() > 0 {
-        tokio::select! {
-            _ = shutdown.changed() => return Ok(None),
-            Some(ack) = acks.recv() => st.on_ack(ack, producer).await?,
-        }
-    }
-    p.reader.batch_execute("COMMIT").await?;
+    let events = p.reader.sent() as i64;
+    p.reader.client().batch_execute("COMMIT").await?;
     let lsn = p.new_slot.then_some(p.start);
     slot_state::finish_recovery(st.sql(), st.slot(), &p.identity, lsn, p.mark, events).await?;
     let secs = started.elapsed().as_secs_f64();

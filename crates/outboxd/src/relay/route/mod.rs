@@ -107,7 +107,7 @@ const JSONB_OID: u32 = 3802;
 const BYTEA_OID: u32 = 17;
 
 /// Hyphenated (Postgres's uuid output, any case) or 32 hex digits: what the inbox parses.
-fn is_uuid(s: &str) -> bool {
+pub fn is_uuid(s: &str) -> bool {
     let b = s.as_bytes();
     match b.len() {
         32 => b.iter().all(u8::is_ascii_hexdigit),
@@ -445,12 +445,18 @@ impl TopicTemplate {
     }
 
     pub fn render(&self, e: &Event<'_>, out: &mut String) {
+        self.render_for(e.aggregate_type, e.event_type, out);
+    }
+
+    /// The topic of an event of these types (a topic depends on nothing else): what `replay`'s
+    /// dry run shows without building every record.
+    pub fn render_for(&self, aggregate_type: &str, event_type: &str, out: &mut String) {
         out.clear();
         for p in &self.0 {
             out.push_str(match p {
                 Part::Lit(s) => s,
-                Part::AggregateType => e.aggregate_type,
-                Part::EventType => e.event_type,
+                Part::AggregateType => aggregate_type,
+                Part::EventType => event_type,
             });
         }
     }

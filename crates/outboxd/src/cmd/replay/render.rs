@@ -1,0 +1,187 @@
+//! What `outboxd replay` prints: the dry run, the list, one replay. Names read from the table
+//! (event types, topics, roles, reasons) are shown escaped, never sent to the terminal raw.
+
+use crate::cmd::parked::printable;
+use crate::config::Config;
+use crate::replay::select::{Selection, Summary};
+use crate::replay::store;
+use chrono::{DateTime, Utc};
+use std::fmt::Write;
+
+/// The dry run.
+pub fn plan(cfg: &Config, sel: &Selection, s: &Summary, rate: u32) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "dry run: nothing was sent");
+    let _ = writeln!(o, "selection:  {}", sel.describe());
+    let rate = rate.max(1);
+    let _ = writeln!(
+        o,
+        "events:     {} to republish with their original event_id (at {rate}/s: about {} s)",
+        s.total,
+        (s.total as u64).div_ceil(rate as u64)
+    );
+    if let (Some(a), Some(b)) = (s.first, s.last) {
+        let _ = writeln!(o, "created:    {} .. {}", a.to_rfc3339(), b.to_rfc3339());
+    }
+    if !s.groups.is_empty() {
+        let w = s
+            .groups
+            .iter()
+            .map(|g| g.0.len())
+            .max()
+            .unwrap_or(0)
+            .max(10);
+        let _ = writeln!(o, "  {:<w$}  {:>8}  topic", "event type", "events");
+        for (t, topic, n) in &s.groups {
+            let _ = writeln!(o, "  {:<w$}  {n:>8}  {}", printable(t), printable(topic));
+        }
+    }
+    if !s.not_found.is_empty() {
+        let shown: Vec<&str> = s.not_found.iter().take(20).map(String::as_str).collect();
+        let more = s.not_found.len().saturating_sub(shown.len());
+        let _ = writeln!(
+            o,
+            "not found:  {} event_id(s) not in the outbox table: {}{}",
+            s.not_found.len(),
+            shown.join(", "),
+            if more > 0 {
+                format!(" … and {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
+    for t in &s.side_effects {
+        let _ = writeln!(
+            o,
+            "WARNING: event type {} has side effects (replay.side_effect_types): a consumer \
+             that does not deduplicate by event_id acts on it again",
+            printable(t)
+        );
+    }
+    for t in &s.shadowed {
+        let _ = writeln!(
+            o,
+            "WARNING: event type {} is in shadow mode (not in shadow.deliver_types): the legacy \
+             path delivers it, so outboxd refuses to replay it",
+            printable(t)
+        );
+    }
+    let why = s.approval_reasons(&cfg.replay);
+    if why.is_empty() {
+        let _ = writeln!(
+            o,
+            "approval:   not needed; run it with the same selection and --execute --reason R"
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "approval:   needed ({}): `outboxd replay request … --reason R`, `outboxd replay \
+             approve ID` by another database role, then `outboxd replay run ID`",
+            printable(&why.join("; "))
+        );
+    }
+    let _ = writeln!(
+        o,
+        "consumers:  receive these events again with the same event_id; an inbox deduplicates \
+         them (docs/inbox.md)"
+    );
+    o
+}
+
+pub fn list(rows: &[store::Replay]) -> String {
+    let mut o = format!(
+        "{:>5}  {:<11}  {:>8}  {:>8}  {:<16}  {:<16}  {:<20}  reason\n",
+        "id", "state", "events", "acked", "requested_by", "approved_by", "requested_at"
+    );
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "{:>5}  {:<11}  {:>8}  {:>8}  {:<16}  {:<16}  {:<20}  {}",
+            r.id,
+            r.state,
+            r.events,
+            r.sent,
+            printable(&r.requested_by),
+            printable(r.approved_by.as_deref().unwrap_or("-")),
+            r.requested_at.format("%Y-%m-%dT%H:%M:%SZ"),
+            printable(&r.reason)
+        );
+    }
+    let _ = writeln!(o, "{} replay(s)", rows.len());
+    o
+}
+
+pub fn show(r: &store::Replay) -> String {
+    let t = |t: &Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into());
+    let sel = Selection::from_json(&r.selection)
+        .map(|s| s.describe())
+        .unwrap_or_else(|e| e.to_string());
+    let mut o = String::new();
+    let _ = writeln!(o, "replay:        {}", r.id);
+    let _ = writeln!(o, "state:         {}", r.state);
+    let _ = writeln!(o, "selection:     {}", printable(&sel));
+    let _ = writeln!(o, "selected:      {} event(s) when requested", r.events);
+    if let Some(groups) = r.summary.as_array() {
+        for g in groups {
+            let f = |i: usize| match g.get(i) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(v) => v.to_string(),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                o,
+                "               {} → {}: {}",
+                printable(&f(0)),
+                printable(&f(1)),
+                f(2)
+            );
+        }
+    }
+    if !r.side_effects.is_empty() {
+        let _ = writeln!(
+            o,
+            "side effects:  {}",
+            printable(&r.side_effects.join(", "))
+        );
+    }
+    let _ = writeln!(o, "reason:        {}", printable(&r.reason));
+    let _ = writeln!(
+        o,
+        "requested:     {} by database role {} (operator {})",
+        r.requested_at.to_rfc3339(),
+        printable(&r.requested_by),
+        printable(r.operator.as_deref().unwrap_or("-"))
+    );
+    let _ = writeln!(
+        o,
+        "approval:      {}",
+        match (&r.approved_by, r.needs_approval) {
+            (Some(a), _) => format!("{} by database role {}", t(&r.approved_at), printable(a)),
+            (None, true) => "waiting (`outboxd replay approve ID` by another role)".into(),
+            (None, false) => "not needed (small, no side-effecting types)".into(),
+        }
+    );
+    let _ = writeln!(o, "rate:          {}/s", r.rate);
+    let _ = writeln!(
+        o,
+        "runs:          {} (last by {}), started {}, finished {}",
+        r.runs,
+        printable(r.run_by.as_deref().unwrap_or("-")),
+        t(&r.started_at),
+        t(&r.finished_at)
+    );
+    let _ = writeln!(o, "acknowledged:  {} event(s)", r.sent);
+    if let Some(c) = &r.cursor {
+        let _ = writeln!(
+            o,
+            "cursor:        after created_at {}, event_id {}",
+            printable(&c.created_at),
+            printable(&c.event_id)
+        );
+    }
+    if let Some(e) = &r.error {
+        let _ = writeln!(o, "error:         {}", printable(e));
+    }
+    o
+}
