@@ -161,6 +161,41 @@ async fn cleanup_deletes_only_delivered_rows_outside_the_window_in_capped_batche
     );
     assert_eq!(count(&c, "aggregate_id = 'ancient'").await?, 5);
 
+    // `check` names where cleanup runs and whether its role may delete.
+    let (_, out) = outboxd_cli(&["check"], &cfg);
+    assert!(
+        out.lines().any(|l| l.starts_with("ok")
+            && l.contains("cleanup")
+            && l.contains("retention 1h, when `outboxd cleanup` runs (cron), as role postgres")),
+        "{out}"
+    );
+    c.batch_execute("CREATE ROLE cleanup_ro LOGIN PASSWORD 'ro-pass'; GRANT SELECT ON outbox, outboxd_slot_state TO cleanup_ro")
+        .await?;
+    let ro_dsn = env.pg.dsn(&env.db).replace(
+        &format!("postgres:{}@", outboxd_tests::testkit::PG_PASSWORD),
+        "cleanup_ro:ro-pass@",
+    );
+    std::fs::write(&cfg, format!("{toml}dsn = \"{ro_dsn}\"\n"))?;
+    let (_, out) = outboxd_cli(&["check"], &cfg);
+    assert!(
+        out.lines().any(|l| l.starts_with("FAIL")
+            && l.contains("role cleanup_ro cannot delete")
+            && l.contains("GRANT SELECT, DELETE ON \"public\".\"outbox\" TO \"cleanup_ro\"")),
+        "{out}"
+    );
+    assert!(!out.contains("ro-pass"), "{out}");
+    c.execute(
+        "DELETE FROM outboxd_slot_state WHERE slot_name = 'other_relay'",
+        &[],
+    )
+    .await?;
+    let (code, out) = outboxd_cli(&["cleanup"], &cfg);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("the cleanup role") && out.contains("DELETE"),
+        "{out}"
+    );
+
     // A retention shorter than the recovery window is refused before anything connects.
     std::fs::write(
         &cfg,

@@ -233,6 +233,26 @@ async fn shadow_mode_compares_with_the_legacy_path_and_delivers_only_canary_type
 async fn with_a_prefix_shadowed_records_go_to_the_shadow_topic() -> anyhow::Result<()> {
     let mut env = Env::start("shadow_prefix").await?;
     let (mut relay, _) = start(&mut env, "shadow_topic_prefix = \"shadow.\"\n").await?;
+    // `check` says loudly that nothing is delivered, and names missing legacy topics.
+    let cfg = env.config_file()?;
+    let (_, out) = outboxd_cli(&["check"], &cfg);
+    assert!(
+        out.lines().any(|l| l.starts_with("WARN")
+            && l.contains("shadow mode")
+            && l.contains("NOT delivered (except [\"OrderShipped\"])")),
+        "{out}"
+    );
+    let wrong = env.dir.path().join("wrong.toml");
+    std::fs::write(
+        &wrong,
+        std::fs::read_to_string(&cfg)?.replace("[\"legacy.orders\"]", "[\"legacy.nothere\"]"),
+    )?;
+    let (_, out) = outboxd_cli(&["check"], &wrong);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("legacy.nothere")),
+        "{out}"
+    );
     let mut c = env.sql().await?;
     let id = Uuid::now_v7();
     write_events(

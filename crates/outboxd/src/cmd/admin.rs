@@ -273,10 +273,11 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
             out.push(failover(cfg, &sql).await);
         }
     }
-    match broker(cfg) {
+    let listed = match broker(cfg) {
         Ok(topics) => {
             out.push(line(true, "broker", "metadata fetched"));
             out.push(topics_line(cfg, &topics));
+            Some(topics)
         }
         Err(e) => {
             let msg = crate::relay::kafka::hint::explain(&e.to_string(), &cfg.sink.kafka);
@@ -286,8 +287,10 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
                 format!("{msg} — check sink.kafka.\"bootstrap.servers\" and that the broker is up")
             };
             out.push(line(false, "broker", cfg.redactor.scrub(&msg)));
+            None
         }
-    }
+    };
+    out.extend(super::check_jobs::lines(cfg, listed.as_deref()).await);
     out
 }
 

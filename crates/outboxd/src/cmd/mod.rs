@@ -2,6 +2,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod alerts;
+pub(crate) mod check_jobs;
 pub(crate) mod parked;
 pub(crate) mod privileges;
 pub(crate) mod recover;

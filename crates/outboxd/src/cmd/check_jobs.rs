@@ -1,0 +1,108 @@
+//! What `outboxd check` says about the jobs beside streaming: cleanup (can its role delete, and
+//! where does it run) and shadow mode (do the legacy topics exist).
+
+use super::admin::CheckLine;
+use crate::config::Config;
+use crate::relay::source::quote_ident;
+
+/// Lines for the configured jobs only; `topics`: what the broker lists (None: unreachable).
+pub async fn lines(cfg: &Config, topics: Option<&[String]>) -> Vec<CheckLine> {
+    let mut out = Vec::new();
+    if let Some(retention) = cfg.cleanup.retention {
+        out.push(cleanup(cfg, retention).await);
+    }
+    if cfg.shadow.enabled {
+        out.push(shadow(cfg, topics));
+    }
+    out
+}
+
+async fn cleanup(cfg: &Config, retention: std::time::Duration) -> CheckLine {
+    const WHAT: &str = "cleanup";
+    let sql = match crate::cleanup::connect(cfg, None).await {
+        Ok(s) => s,
+        Err(e) => {
+            return CheckLine::fail(
+                WHAT,
+                format!("cannot connect as the cleanup role (cleanup.dsn, else source.dsn): {e}"),
+            )
+        }
+    };
+    let (schema, table) = cfg.table_name();
+    let outbox = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+    let state = format!(
+        "{}.outboxd_slot_state",
+        quote_ident(&cfg.source.relay_schema)
+    );
+    let row = sql
+        .query_one(
+            "SELECT current_user::text, \
+                    has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'DELETE'), \
+                    to_regclass($2) IS NULL OR has_table_privilege($2, 'SELECT')",
+            &[&outbox, &state],
+        )
+        .await;
+    let where_ = match cfg.cleanup.every {
+        Some(every) => format!(
+            "inside `outboxd run` every {}",
+            humantime::format_duration(every)
+        ),
+        None => "when `outboxd cleanup` runs (cron)".into(),
+    };
+    match row {
+        Err(e) => CheckLine::fail(WHAT, crate::error::RelayError::from(e).to_string()),
+        Ok(r) => {
+            let (role, outbox_ok, state_ok): (String, bool, bool) = (r.get(0), r.get(1), r.get(2));
+            if outbox_ok && state_ok {
+                CheckLine::ok(
+                    WHAT,
+                    format!(
+                        "retention {}, {where_}, as role {role}",
+                        humantime::format_duration(retention)
+                    ),
+                )
+            } else {
+                CheckLine::fail(
+                    WHAT,
+                    format!(
+                        "role {role} cannot delete: GRANT SELECT, DELETE ON {outbox} TO {r}; \
+                         GRANT SELECT ON {state} TO {r}; (sql/roles.sql, outboxd_cleanup; set \
+                         cleanup.dsn to connect as it)",
+                        r = quote_ident(&role)
+                    ),
+                )
+            }
+        }
+    }
+}
+
+fn shadow(cfg: &Config, topics: Option<&[String]>) -> CheckLine {
+    const WHAT: &str = "shadow mode";
+    let Some(topics) = topics else {
+        return CheckLine::fail(WHAT, "the broker is unreachable: legacy topics not checked");
+    };
+    let missing: Vec<&String> = cfg
+        .shadow
+        .legacy_topics
+        .iter()
+        .filter(|t| !topics.contains(t))
+        .collect();
+    if !missing.is_empty() {
+        return CheckLine::fail(
+            WHAT,
+            format!("shadow.legacy_topics not on the broker: {missing:?}"),
+        );
+    }
+    CheckLine::warn(
+        WHAT,
+        format!(
+            "ON: records are compared with {:?} and NOT delivered{}",
+            cfg.shadow.legacy_topics,
+            if cfg.shadow.deliver_types.is_empty() {
+                String::new()
+            } else {
+                format!(" (except {:?})", cfg.shadow.deliver_types)
+            }
+        ),
+    )
+}
