@@ -87,6 +87,12 @@ pub fn config(cfg: &Config, group_id: &str, client_id: &str) -> Result<ClientCon
 pub struct Ctx {
     redactor: crate::config::secrets::Redactor,
     who: &'static str,
+    /// Warnings and errors at `warn` (else everything at `debug`: for a caller that reports
+    /// the failure itself).
+    loud: bool,
+    /// The newest warning or error librdkafka reported on its own (connection refused, TLS,
+    /// SASL), scrubbed.
+    last_error: std::sync::Mutex<Option<String>>,
 }
 
 impl Ctx {
@@ -94,6 +100,21 @@ impl Ctx {
         Self {
             redactor: cfg.redactor.clone(),
             who,
+            loud: true,
+            last_error: Default::default(),
+        }
+    }
+
+    /// The newest error librdkafka reported on its own, to say why a request timed out.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().ok().and_then(|e| e.clone())
+    }
+
+    /// Everything at `debug`.
+    pub fn quiet(cfg: &Config, who: &'static str) -> Self {
+        Self {
+            loud: false,
+            ..Self::new(cfg, who)
         }
     }
 }
@@ -106,18 +127,35 @@ impl ClientContext for Ctx {
             RDKafkaLogLevel::Debug | RDKafkaLogLevel::Info | RDKafkaLogLevel::Notice => {
                 tracing::debug!(target: "librdkafka", fac, "{who}: {msg}")
             }
-            _ => tracing::warn!(target: "librdkafka", fac, "{who}: {msg}"),
+            _ => {
+                if self.loud {
+                    tracing::warn!(target: "librdkafka", fac, "{who}: {msg}");
+                } else {
+                    tracing::debug!(target: "librdkafka", fac, "{who}: {msg}");
+                }
+                if let Ok(mut last) = self.last_error.lock() {
+                    *last = Some(msg);
+                }
+            }
         }
     }
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        tracing::warn!(
-            target: "librdkafka",
-            error = %self.redactor.scrub(&error.to_string()),
-            "{}: {}",
-            self.who,
-            self.redactor.scrub(reason)
-        );
+        let error = self.redactor.scrub(&error.to_string());
+        let reason = self.redactor.scrub(reason);
+        if let Ok(mut last) = self.last_error.lock() {
+            // Without librdkafka's "[thrd:…]: " prefix.
+            let short = match reason.split_once("]: ") {
+                Some((thread, rest)) if thread.starts_with("[thrd:") => rest,
+                _ => reason.as_str(),
+            };
+            *last = Some(short.to_string());
+        }
+        if self.loud {
+            tracing::warn!(target: "librdkafka", error = %error, "{}: {reason}", self.who);
+        } else {
+            tracing::debug!(target: "librdkafka", error = %error, "{}: {reason}", self.who);
+        }
     }
 }
 
