@@ -15,7 +15,9 @@
 //!   (`interrupted`); `replay run` finishes the rest without re-sending any;
 //! - poison: an event the live path would park stops the replay, nothing is parked;
 //! - rate cap: a replay at N events/s takes at least about its count / N seconds;
-//! - consumers: an inbox consumer absorbs a replay (each effect once) while the relay streams.
+//! - consumers: an inbox consumer absorbs a replay (each effect once) while the relay streams;
+//!   the dry run, `replay request` and `replay show` name the consumer groups with committed
+//!   offsets on each target topic and their lag, and say "unknown" (and why) without a broker.
 
 use anyhow::Context;
 use outboxd_tests::*;
@@ -902,6 +904,141 @@ async fn a_poison_event_stops_a_replay_and_nothing_is_parked() -> anyhow::Result
     assert!(
         out.contains("state:         failed") && out.contains(&big),
         "{out}"
+    );
+    Ok(())
+}
+
+/// A consumer in group `group` that joins it on `topic` (subscribe), reads `n` records and
+/// commits where it is; kept alive by the caller (a member of the group). tansu completes a join
+/// after about half of session.timeout.ms, hence 6 s.
+fn join_and_commit(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    n: usize,
+) -> anyhow::Result<rdkafka::consumer::BaseConsumer> {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    let consumer: BaseConsumer = reader_config(bootstrap)
+        .set("group.id", group)
+        .set("session.timeout.ms", "6000")
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = 0;
+    while seen < n {
+        anyhow::ensure!(Instant::now() < deadline, "{group}: {seen} of {n} records");
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            m?;
+            seen += 1;
+        }
+    }
+    consumer.commit_consumer_state(CommitMode::Sync)?;
+    Ok(consumer)
+}
+
+/// Commits `offset` on every partition of `topic` for group `group` without joining it (an
+/// offset-only group, as tools that assign partitions themselves keep).
+fn commit_offsets(bootstrap: &str, group: &str, topic: &str, offset: i64) -> anyhow::Result<()> {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    let consumer: BaseConsumer = reader_config(bootstrap).set("group.id", group).create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..3 {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Offset(offset))?;
+    }
+    consumer.commit(&tpl, CommitMode::Sync)?;
+    Ok(())
+}
+
+/// The lines of `out` from the one starting with `label` to the next unindented one, without
+/// the label and the indentation.
+fn section<'a>(out: &'a str, label: &str) -> Vec<&'a str> {
+    out.lines()
+        .skip_while(|l| !l.starts_with(label))
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || l.starts_with(' '))
+        .map(|(_, l)| l.strip_prefix(label).unwrap_or(l).trim_start())
+        .collect()
+}
+
+/// Who receives a replay (R38): the dry run lists, per target topic, the consumer groups with
+/// committed offsets on it and their lag — a group that joined and read everything, an
+/// offset-only group that read nothing, no group on a topic nobody reads; `replay request` and
+/// `replay show` too. Without a broker it says "unknown" and why, and the dry run still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dry_run_names_the_consumer_groups_and_their_lag() -> anyhow::Result<()> {
+    let mut env = Env::start("rp_groups").await?;
+    create_topics(&env.bootstrap(), &[ACCT, ORDER], 3).await?;
+    let cfg = env.config_file()?;
+    let mut c = env.sql().await?;
+    let since = db_now(&c).await?;
+    // One record per produce request: tansu reports a partition's high watermark as the last
+    // batch's first offset + 1, so batches of one keep the lag exact.
+    let relay = Relay::start(env.config()?);
+    for e in events("order", "o-1", 4, "Paid") {
+        write_events(&mut c, &[e], false).await?;
+        env.caught_up(Duration::from_secs(30)).await?;
+    }
+    write_events(&mut c, &events("acct", "a-1", 2, "Deposited"), false).await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+    relay.shutdown().await?;
+    let until = db_now(&c).await?;
+    let t = Instant::now();
+    let bootstrap = env.bootstrap();
+    let billing = tokio::task::block_in_place(|| join_and_commit(&bootstrap, "billing", ORDER, 4))?;
+    commit_offsets(&bootstrap, "audit", ORDER, 0)?;
+    eprintln!("groups ready in {:?}", t.elapsed());
+
+    let range = ["--since", since.as_str(), "--until", until.as_str()];
+    let t = Instant::now();
+    let dry = replay(&cfg, &range, true);
+    eprintln!("dry run with the consumer lookup: {:?}", t.elapsed());
+    let who = section(&dry, "consumers:  ");
+    // The order events share a key, so one partition of three holds them.
+    assert!(
+        who.iter().any(|l| *l
+            == format!("{ORDER}: audit (lag 4, no members), billing (lag 0 on 1 of 3 partitions)")),
+        "{dry}"
+    );
+    assert!(
+        who.iter()
+            .any(|l| *l == format!("{ACCT}: no consumer group has committed offsets on it")),
+        "{dry}"
+    );
+    assert!(
+        who.last().unwrap().contains("an inbox deduplicates them"),
+        "{dry}"
+    );
+
+    let out = replay(
+        &cfg,
+        &[&["request"], &range[..], &["--reason", "r"]].concat(),
+        true,
+    );
+    assert!(
+        out.contains(&format!("consumers: {ACCT}: no consumer group"))
+            && out.contains("billing (lag 0 on 1 of 3 partitions)"),
+        "{out}"
+    );
+    drop(billing);
+    let show = replay(&cfg, &["show", "1"], true);
+    let now = section(&show, "consumers now: ");
+    assert!(
+        now.iter()
+            .any(|l| l.contains("billing (lag 0 on 1 of 3 partitions")),
+        "{show}"
+    );
+
+    env.broker.kill();
+    let t = Instant::now();
+    let dry = replay(&cfg, &range, true);
+    eprintln!("dry run without a broker: {:?}", t.elapsed());
+    assert!(dry.contains("events:     6 to republish"), "{dry}");
+    assert!(
+        dry.contains("consumers:  unknown (the broker did not list its consumer groups: ")
+            && dry.contains("Connection refused"),
+        "{dry}"
     );
     Ok(())
 }

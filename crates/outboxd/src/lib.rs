@@ -15,6 +15,7 @@
 //!   - `route`: outbox row → Kafka record (topic template, key, value, headers, timestamp);
 //!   - `kafka`: librdkafka (idempotent, `acks=all`), each delivery report classified once into
 //!     an `Ack`; `kafka/oidc`: OAUTHBEARER tokens; `kafka/hint`: the fix for a refusal;
+//!     `kafka/consumer`: consumers from `[sink.kafka]` (shadow's legacy reader, replay's lookup);
 //!   - `ack`: the tracker turning out-of-order acks into the one LSN safe to confirm;
 //!     `in_flight`: the tracker plus bytes, labels and latency of the unacknowledged events;
 //!   - `stages`: dispatches one replication event or Ack to the parts it owns (`InFlight`,
@@ -27,7 +28,8 @@
 //!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair),
 //!   `handler` (what a session does with one: park or halt, hold, release in order).
 //! - `replay/`: `outboxd replay` (R38) — `select` (ids or an audited range, the dry run's
-//!   summary), `store` (all `outboxd_replay` SQL: request, approval by another role, cursor,
+//!   summary), `consumers` (the consumer groups of the target topics and their lag, from the
+//!   broker), `store` (all `outboxd_replay` SQL: request, approval by another role, cursor,
 //!   result), `run` (one rate-capped, resumable run through the table reader), `pace`,
 //!   `progress`.
 //! - `obs/`: metric names ([`obs`]) and health, `http` (the HTTP listener, bounded), `watch`

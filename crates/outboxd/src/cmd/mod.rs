@@ -88,8 +88,8 @@ pub enum Cmd {
     ///
     /// Select exact event ids (arguments or --ids-file) or a range --since T --until T,
     /// narrowed by --event-type, --aggregate-type, --aggregate-id. Without --execute it prints
-    /// counts per event type and topic, the time span, ids not found and warnings; nothing is
-    /// sent. Large or side-effecting replays need `replay request`, `replay approve` by
+    /// counts per event type and topic, the time span, ids not found, warnings and the consumer
+    /// groups of each topic with their lag; nothing is sent. Large or side-effecting replays need `replay request`, `replay approve` by
     /// another database role, and `replay run`. Every executed replay is audited.
     Replay {
         #[command(flatten)]

@@ -4,6 +4,8 @@
 //!
 //! - `select`: what a replay selects (stored as JSON in the audit row), its SQL filter, and the
 //!   dry run's summary (counts per event type and topic, time span, ids not found);
+//! - `consumers`: who receives a replay — per target topic, the consumer groups with committed
+//!   offsets on it and their lag, asked of the broker (bounded; never fails a command);
 //! - `store`: the audit table `outboxd_replay` (all its SQL): request, approval by another
 //!   database role, runs, the resume cursor, the result;
 //! - `run`: one run of an approved replay through [`crate::relay::table_reader`] and the live
@@ -12,6 +14,7 @@
 //! Consumers see duplicates of events they already have; their inbox absorbs them by
 //! `event_id` (docs/inbox.md).
 
+pub(crate) mod consumers;
 pub(crate) mod pace;
 pub(crate) mod progress;
 pub(crate) mod run;

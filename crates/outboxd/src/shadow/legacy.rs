@@ -6,94 +6,28 @@ use super::compare::Rec;
 use crate::config::shadow::Locator;
 use crate::config::Config;
 use crate::error::RelayError;
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
-use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
+use crate::relay::kafka::consumer::{self as kafka_consumer, Ctx};
+use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
-
-/// Producer-only librdkafka properties of `[sink.kafka]`, left out of the consumer's config
-/// (librdkafka warns about each one otherwise).
-const PRODUCER_ONLY: &[&str] = &[
-    "acks",
-    "request.required.acks",
-    "enable.idempotence",
-    "linger.ms",
-    "queue.buffering.max.ms",
-    "queue.buffering.max.messages",
-    "queue.buffering.max.kbytes",
-    "batch.num.messages",
-    "batch.size",
-    "compression.type",
-    "compression.codec",
-    "compression.level",
-    "message.timeout.ms",
-    "delivery.timeout.ms",
-    "message.send.max.retries",
-    "retries",
-    "retry.backoff.ms",
-    "retry.backoff.max.ms",
-    "request.timeout.ms",
-    "partitioner",
-    "sticky.partitioning.linger.ms",
-    "transactional.id",
-    "transaction.timeout.ms",
-    "enable.gapless.guarantee",
-    "max.in.flight.requests.per.connection",
-    "max.in.flight",
-];
-
-/// Logs librdkafka's reports through `tracing`, with the configuration's secrets scrubbed.
-pub struct Ctx {
-    redactor: crate::config::secrets::Redactor,
-}
-
-impl ClientContext for Ctx {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
-        let msg = self.redactor.scrub(msg);
-        match level {
-            RDKafkaLogLevel::Debug | RDKafkaLogLevel::Info | RDKafkaLogLevel::Notice => {
-                tracing::debug!(target: "librdkafka", fac, "shadow consumer: {msg}")
-            }
-            _ => tracing::warn!(target: "librdkafka", fac, "shadow consumer: {msg}"),
-        }
-    }
-
-    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        tracing::warn!(
-            target: "librdkafka",
-            error = %self.redactor.scrub(&error.to_string()),
-            "shadow consumer: {}",
-            self.redactor.scrub(reason)
-        );
-    }
-}
-
-impl ConsumerContext for Ctx {}
 
 /// A consumer at the end of every partition of the legacy topics.
 pub fn consumer(cfg: &Config) -> Result<StreamConsumer<Ctx>, RelayError> {
-    let mut cc = ClientConfig::new();
-    for (k, v) in &cfg.sink.kafka {
-        if !PRODUCER_ONLY.contains(&k.as_str()) {
-            cc.set(k, v);
-        }
-    }
-    cc.set("group.id", format!("outboxd-shadow-{}", cfg.source.slot))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("client.id", "outboxd-shadow")
-        .set_log_level(RDKafkaLogLevel::Warning);
-    let consumer: StreamConsumer<Ctx> = cc
-        .create_with_context(Ctx {
-            redactor: cfg.redactor.clone(),
-        })
-        .map_err(|e| {
-            RelayError::Setup(format!(
-                "shadow: cannot create the legacy consumer from [sink.kafka]: {}",
-                cfg.redactor.scrub(&e.to_string())
-            ))
-        })?;
+    let setup = |e: String| {
+        RelayError::Setup(format!(
+            "shadow: cannot create the legacy consumer from [sink.kafka]: {}",
+            cfg.redactor.scrub(&e)
+        ))
+    };
+    let consumer: StreamConsumer<Ctx> = kafka_consumer::config(
+        cfg,
+        &format!("outboxd-shadow-{}", cfg.source.slot),
+        "outboxd-shadow",
+    )
+    .map_err(setup)?
+    .create_with_context(Ctx::new(cfg, "shadow consumer"))
+    .map_err(|e| setup(e.to_string()))?;
     let mut tpl = TopicPartitionList::new();
     for topic in &cfg.shadow.legacy_topics {
         let md = consumer

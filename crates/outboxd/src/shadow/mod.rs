@@ -178,7 +178,7 @@ impl Comparator {
     async fn run(
         &mut self,
         mut rx: mpsc::Receiver<Rec>,
-        consumer: StreamConsumer<legacy::Ctx>,
+        consumer: StreamConsumer<crate::relay::kafka::consumer::Ctx>,
         sql: &mut tokio_postgres::Client,
         slot: &str,
         mut shutdown: watch::Receiver<bool>,

@@ -14,6 +14,7 @@ mod render;
 use super::parked::printable;
 use crate::config::Config;
 use crate::relay::source;
+use crate::replay::consumers::{self, Consumers};
 use crate::replay::select::{self, Selection, Summary};
 use crate::replay::{run, store, ReplayError};
 use chrono::{DateTime, Utc};
@@ -72,7 +73,8 @@ pub enum ReplayCmd {
         #[arg(long)]
         all: bool,
     },
-    /// One replay: its selection, counts per event type and topic, who, when, result.
+    /// One replay: its selection, counts per event type and topic, who, when, result, and the
+    /// consumer groups of its topics now (with their lag).
     Show {
         /// The replay's id.
         id: i64,
@@ -209,7 +211,8 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
         None if !args.execute => {
             let (sel, summary) = plan(cfg, &sql, &args.select).await?;
             let rate = args.req.rate.unwrap_or(cfg.replay.rate);
-            ok(render::plan(cfg, &sel, &summary, rate))
+            let who = who(cfg, &summary).await;
+            ok(render::plan(cfg, &sel, &summary, rate, &who))
         }
         None => {
             let reason = reason(&args.req)?;
@@ -222,7 +225,8 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
                 });
             }
             if summary.total == 0 {
-                let plan = render::plan(cfg, &sel, &summary, cfg.replay.rate);
+                let who = who(cfg, &summary).await;
+                let plan = render::plan(cfg, &sel, &summary, cfg.replay.rate, &who);
                 return ok(format!("nothing to replay\n{plan}"));
             }
             let id = record(cfg, &sql, &sel, &summary, &args.req, reason, false).await?;
@@ -241,14 +245,24 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
             }
             let id = record(cfg, &sql, &sel, &summary, &req, reason, true).await?;
             let r = store::load(&sql, slot, id).await?;
-            ok(format!(
-                "replay {id} requested by database role {}: {} event(s), {}\n\
-                 next: another database role runs `outboxd replay approve {id}` (--dsn), then \
-                 `outboxd replay run {id}`\n",
+            let mut out = format!(
+                "replay {id} requested by database role {}: {} event(s), {}\n",
                 printable(&r.requested_by),
                 summary.total,
                 sel.describe()
-            ))
+            );
+            for (i, l) in render::consumers(&who(cfg, &summary).await)
+                .iter()
+                .enumerate()
+            {
+                let label = if i == 0 { "consumers: " } else { "           " };
+                out.push_str(&format!("{label}{l}\n"));
+            }
+            out.push_str(&format!(
+                "next: another database role runs `outboxd replay approve {id}` (--dsn), then \
+                 `outboxd replay run {id}`\n"
+            ));
+            ok(out)
         }
         Some(ReplayCmd::Approve { id }) => {
             let r = store::approve(&sql, slot, id).await?;
@@ -267,8 +281,24 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
             let rows = store::list(&sql, slot, all).await?;
             ok(render::list(&rows))
         }
-        Some(ReplayCmd::Show { id }) => ok(render::show(&store::load(&sql, slot, id).await?)),
+        Some(ReplayCmd::Show { id }) => {
+            let r = store::load(&sql, slot, id).await?;
+            let topics: Vec<&str> = r
+                .summary
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|g| g.get(1).and_then(serde_json::Value::as_str))
+                .collect();
+            let who = consumers::lookup(cfg, topics).await;
+            ok(render::show(&r, &who))
+        }
     }
+}
+
+/// The consumer groups of the summary's topics (never fails: unknown says why).
+async fn who(cfg: &Config, summary: &Summary) -> Consumers {
+    consumers::lookup(cfg, summary.groups.iter().map(|g| g.1.as_str())).await
 }
 
 async fn plan(

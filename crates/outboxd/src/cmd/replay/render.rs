@@ -3,13 +3,109 @@
 
 use crate::cmd::parked::printable;
 use crate::config::Config;
+use crate::replay::consumers::{self, Consumers, Lag, OnTopic};
 use crate::replay::select::{Selection, Summary};
 use crate::replay::store;
 use chrono::{DateTime, Utc};
 use std::fmt::Write;
 
+/// Groups shown per topic (the rest are counted).
+const GROUPS_SHOWN: usize = 20;
+
+/// Who receives the events: per target topic the consumer groups with committed offsets and
+/// their lag, or why the broker could not say. One line each, the first to follow a label.
+pub fn consumers(c: &Consumers) -> Vec<String> {
+    let mut out = Vec::new();
+    match c {
+        Consumers::Unknown(why) => out.push(format!("unknown ({})", printable(why))),
+        Consumers::Known {
+            topics,
+            listed,
+            unchecked,
+            failed,
+        } => {
+            let mut bound = false;
+            for (topic, on) in topics {
+                let groups = match on {
+                    OnTopic::Missing => "the broker has no such topic".to_string(),
+                    OnTopic::Unreadable(e) => {
+                        format!("not described by the broker ({})", printable(e))
+                    }
+                    OnTopic::Groups(g) if g.is_empty() => {
+                        "no consumer group has committed offsets on it".to_string()
+                    }
+                    OnTopic::Groups(g) => {
+                        let mut shown: Vec<String> = g
+                            .iter()
+                            .take(GROUPS_SHOWN)
+                            .map(|g| {
+                                bound |= matches!(g.lag, Lag::AtLeast(_));
+                                let mut s = match g.lag {
+                                    Lag::Exact(n) => format!("lag {n}"),
+                                    Lag::AtLeast(n) => format!("lag ≥ {n}"),
+                                    Lag::Unknown => "lag unknown".into(),
+                                };
+                                if g.committed < g.partitions {
+                                    s += &format!(
+                                        " on {} of {} partitions",
+                                        g.committed, g.partitions
+                                    );
+                                }
+                                if !g.active {
+                                    s += ", no members";
+                                }
+                                format!("{} ({s})", printable(&g.name))
+                            })
+                            .collect();
+                        if g.len() > GROUPS_SHOWN {
+                            shown.push(format!("… and {} more", g.len() - GROUPS_SHOWN));
+                        }
+                        shown.join(", ")
+                    }
+                };
+                out.push(format!("{}: {groups}", printable(topic)));
+            }
+            if *listed == 0 && !topics.is_empty() {
+                out.push(
+                    "the broker listed no consumer group: there is none, or [sink.kafka]'s \
+                     principal may not describe them (Kafka lists only those it may)"
+                        .into(),
+                );
+            }
+            if *unchecked > 0 {
+                out.push(format!(
+                    "{unchecked} group(s) not checked (at most {} groups, {} s)",
+                    consumers::MAX_GROUPS,
+                    consumers::BUDGET.as_secs()
+                ));
+            }
+            if *failed > 0 {
+                out.push(format!(
+                    "{failed} group(s) whose committed offsets the broker did not return"
+                ));
+            }
+            if bound {
+                out.push(
+                    "lag ≥: a high watermark the broker reported is below a committed offset \
+                     (its watermarks lag)"
+                        .into(),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// `lines` under `label`, the rest indented to its width.
+fn labeled(o: &mut String, label: &str, lines: &[String]) {
+    let pad = " ".repeat(label.chars().count());
+    for (i, l) in lines.iter().enumerate() {
+        let _ = writeln!(o, "{}{l}", if i == 0 { label } else { &pad });
+    }
+}
+
 /// The dry run.
-pub fn plan(cfg: &Config, sel: &Selection, s: &Summary, rate: u32) -> String {
+pub fn plan(cfg: &Config, sel: &Selection, s: &Summary, rate: u32, c: &Consumers) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "dry run: nothing was sent");
     let _ = writeln!(o, "selection:  {}", sel.describe());
@@ -81,11 +177,13 @@ pub fn plan(cfg: &Config, sel: &Selection, s: &Summary, rate: u32) -> String {
             printable(&why.join("; "))
         );
     }
-    let _ = writeln!(
-        o,
-        "consumers:  receive these events again with the same event_id; an inbox deduplicates \
-         them (docs/inbox.md)"
+    let mut lines = consumers(c);
+    lines.push(
+        "receive these events again with the same event_id; an inbox deduplicates them \
+         (docs/inbox.md)"
+            .into(),
     );
+    labeled(&mut o, "consumers:  ", &lines);
     o
 }
 
@@ -112,7 +210,8 @@ pub fn list(rows: &[store::Replay]) -> String {
     o
 }
 
-pub fn show(r: &store::Replay) -> String {
+/// One replay, with the consumers of its topics now.
+pub fn show(r: &store::Replay, c: &Consumers) -> String {
     let t = |t: &Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into());
     let sel = Selection::from_json(&r.selection)
         .map(|s| s.describe())
@@ -172,6 +271,7 @@ pub fn show(r: &store::Replay) -> String {
         t(&r.finished_at)
     );
     let _ = writeln!(o, "acknowledged:  {} event(s)", r.sent);
+    labeled(&mut o, "consumers now: ", &consumers(c));
     if let Some(c) = &r.cursor {
         let _ = writeln!(
             o,
@@ -184,4 +284,76 @@ pub fn show(r: &store::Replay) -> String {
         let _ = writeln!(o, "error:         {}", printable(e));
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::consumers::Group;
+
+    fn group(name: &str, lag: Lag, committed: usize, active: bool) -> Group {
+        Group {
+            name: name.into(),
+            lag,
+            committed,
+            partitions: 3,
+            active,
+        }
+    }
+
+    #[test]
+    fn consumers_per_topic_with_lag_or_why_unknown() {
+        let c = Consumers::Known {
+            topics: vec![
+                ("outbox.event.acct".into(), OnTopic::Groups(vec![])),
+                ("outbox.event.gone".into(), OnTopic::Missing),
+                (
+                    "outbox.event.hidden".into(),
+                    OnTopic::Unreadable("Broker: Topic authorization failed".into()),
+                ),
+                (
+                    "outbox.event.order".into(),
+                    OnTopic::Groups(vec![
+                        group("billing", Lag::Exact(0), 3, true),
+                        group("old\u{1b}[2J", Lag::AtLeast(4), 1, false),
+                        group("search", Lag::Unknown, 3, true),
+                    ]),
+                ),
+            ],
+            listed: 5,
+            unchecked: 2,
+            failed: 1,
+        };
+        let mut o = String::new();
+        labeled(&mut o, "consumers:  ", &consumers(&c));
+        assert_eq!(
+            o,
+            "consumers:  outbox.event.acct: no consumer group has committed offsets on it\n\
+             \x20           outbox.event.gone: the broker has no such topic\n\
+             \x20           outbox.event.hidden: not described by the broker (Broker: Topic \
+             authorization failed)\n\
+             \x20           outbox.event.order: billing (lag 0), old\\u{1b}[2J (lag ≥ 4 on 1 of 3 \
+             partitions, no members), search (lag unknown)\n\
+             \x20           2 group(s) not checked (at most 200 groups, 10 s)\n\
+             \x20           1 group(s) whose committed offsets the broker did not return\n\
+             \x20           lag ≥: a high watermark the broker reported is below a committed \
+             offset (its watermarks lag)\n"
+        );
+        let none = Consumers::Known {
+            topics: vec![("t".into(), OnTopic::Groups(vec![]))],
+            listed: 0,
+            unchecked: 0,
+            failed: 0,
+        };
+        assert_eq!(
+            consumers(&none)[1],
+            "the broker listed no consumer group: there is none, or [sink.kafka]'s principal \
+             may not describe them (Kafka lists only those it may)"
+        );
+        let u = Consumers::Unknown("the broker did not list its consumer groups: \u{7}x".into());
+        assert_eq!(
+            consumers(&u),
+            ["unknown (the broker did not list its consumer groups: \\u{7}x)"]
+        );
+    }
 }

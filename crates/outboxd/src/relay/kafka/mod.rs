@@ -8,6 +8,7 @@
 //! and the slot, it never turns into a failed event. Anything that still fails ends the session,
 //! which restarts from the slot's confirmed LSN and produces the same bytes again.
 
+pub(crate) mod consumer;
 pub(crate) mod hint;
 mod log;
 pub(crate) mod oidc;
