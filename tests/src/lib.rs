@@ -19,6 +19,7 @@
 //! - `wait.rs`: [`eventually`]; `http.rs`: [`http_get`] against the metrics listener.
 //! - [`certs`]: a private certificate authority for TLS tests.
 //! - [`reliability`]: the writer, inbox consumer and delivery checks of the reliability tests.
+//! - [`replay`]: what the replay tests share (raw records, events, the `replay` command, audit).
 //! - [`testkit`] (`outboxd_testkit`) and [`outboxd`], re-exported for the tests.
 
 mod env;
@@ -30,6 +31,7 @@ mod wait;
 
 pub mod certs;
 pub mod reliability;
+pub mod replay;
 
 pub use env::{Env, Relay};
 pub use http::http_get;

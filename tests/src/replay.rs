@@ -1,0 +1,147 @@
+//! Helpers of the replay tests (tests/tests/replay.rs, replay_runs.rs): reading records raw,
+//! writing events, running `outboxd replay`, reading its audit row.
+
+use crate::*;
+use std::collections::HashMap;
+use std::time::Duration;
+
+pub const ACCT: &str = "outbox.event.acct";
+pub const ORDER: &str = "outbox.event.order";
+
+/// A record as read back, headers in their order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Raw {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub timestamp: Option<i64>,
+}
+
+impl Raw {
+    pub fn event_id(&self) -> String {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == "event_id")
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+pub fn raw_records(env: &Env, topic: &str, min: usize) -> anyhow::Result<Vec<Raw>> {
+    use rdkafka::message::{Headers, Message};
+    let mut out = Vec::new();
+    scan_topic(&env.bootstrap(), topic, min, Duration::from_secs(30), |m| {
+        out.push(Raw {
+            key: m.key().unwrap_or_default().to_vec(),
+            value: m.payload().unwrap_or_default().to_vec(),
+            headers: m
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            timestamp: m.timestamp().to_millis(),
+        })
+    })?;
+    Ok(out)
+}
+
+pub fn by_id(recs: &[Raw]) -> HashMap<String, Vec<Raw>> {
+    let mut m: HashMap<String, Vec<Raw>> = HashMap::new();
+    for r in recs {
+        m.entry(r.event_id()).or_default().push(r.clone());
+    }
+    m
+}
+
+pub fn events(agg_type: &str, agg: &str, n: i64, event_type: &str) -> Vec<NewEvent> {
+    events_from(agg_type, agg, 1, n, event_type)
+}
+
+/// `n` events of one aggregate, versions `first..first + n`.
+pub fn events_from(
+    agg_type: &str,
+    agg: &str,
+    first: i64,
+    n: i64,
+    event_type: &str,
+) -> Vec<NewEvent> {
+    (first..first + n)
+        .map(|v| {
+            NewEvent::new(
+                agg_type,
+                agg,
+                v,
+                event_type,
+                serde_json::json!({"v": v, "agg": agg}),
+            )
+        })
+        .collect()
+}
+
+/// The relay delivers everything written so far, then stops.
+pub async fn deliver_live(env: &Env) -> anyhow::Result<()> {
+    let relay = Relay::start(env.config()?);
+    env.caught_up(Duration::from_secs(60)).await?;
+    relay.shutdown().await
+}
+
+pub async fn db_now(c: &tokio_postgres::Client) -> anyhow::Result<String> {
+    // Wall clock, not now(): created_at is the writing transaction's start time.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t: String = c
+        .query_one(
+            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            &[],
+        )
+        .await?
+        .get(0);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    Ok(t)
+}
+
+/// `outboxd replay ARGS… --config F`, asserting the exit code; returns the output.
+pub fn replay(cfg: &std::path::Path, args: &[&str], ok: bool) -> String {
+    let mut all = vec!["replay"];
+    all.extend_from_slice(args);
+    let (code, out) = outboxd_cli(&all, cfg);
+    assert_eq!(code == 0, ok, "outboxd {all:?} exited {code}:\n{out}");
+    out
+}
+
+/// The audit row: (state, requested_by, approved_by, reason, events, sent, run_by, selection).
+pub async fn audit(
+    c: &tokio_postgres::Client,
+    id: i64,
+) -> anyhow::Result<(
+    String,
+    String,
+    Option<String>,
+    String,
+    i64,
+    i64,
+    Option<String>,
+    serde_json::Value,
+)> {
+    let r = c
+        .query_one(
+            "SELECT state, requested_by, approved_by, reason, events, sent, run_by, selection, \
+               started_at IS NOT NULL AND (state <> 'finished' OR finished_at IS NOT NULL) \
+             FROM outboxd_replay WHERE id = $1",
+            &[&id],
+        )
+        .await?;
+    assert!(r.get::<_, bool>(8), "started_at/finished_at not recorded");
+    Ok((
+        r.get(0),
+        r.get(1),
+        r.get(2),
+        r.get(3),
+        r.get(4),
+        r.get(5),
+        r.get(6),
+        r.get(7),
+    ))
+}
