@@ -314,7 +314,7 @@ async fn relation(cfg: &Config, reader: &Client) -> Result<Relation, RelayError>
     let (schema, table) = cfg.table_name();
     let rows = reader
         .query(
-            "SELECT c.oid, a.attname::text, a.atttypid \
+            "SELECT c.oid, a.attname::text, a.atttypid, a.atttypmod \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              JOIN pg_attribute a ON a.attrelid = c.oid \
              WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
@@ -335,6 +335,7 @@ async fn relation(cfg: &Config, reader: &Client) -> Result<Relation, RelayError>
             .map(|r| Column {
                 name: r.get(1),
                 type_oid: r.get(2),
+                type_modifier: r.get(3),
             })
             .collect(),
     })

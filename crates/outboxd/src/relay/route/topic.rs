@@ -1,6 +1,6 @@
 //! The topic name template (`sink.topic`).
 
-use super::{Event, SettingError};
+use super::{Event, RouteError, SettingError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
@@ -59,16 +59,18 @@ impl TopicTemplate {
         (prefix, false)
     }
 
-    /// Renders into `out` (cleared first) so the hot path reuses one buffer.
-    pub fn render(&self, e: &Event<'_>, out: &mut String) {
+    /// Renders into `out` (cleared first) so the hot path reuses one buffer. Err when the
+    /// template needs the event type and the row has none (a NULL one, Debezium preset).
+    pub fn render(&self, e: &Event<'_>, out: &mut String) -> Result<(), RouteError> {
         out.clear();
         for p in &self.0 {
             out.push_str(match p {
                 Part::Lit(s) => s,
                 Part::AggregateType => e.aggregate_type,
-                Part::EventType => e.event_type,
+                Part::EventType => e.event_type.ok_or(RouteError::NullField("event_type"))?,
             });
         }
+        Ok(())
     }
 }
 
