@@ -1,16 +1,23 @@
 // Captures what Debezium's outbox EventRouter emits, as a Kafka Connect worker would write it.
 //
 // Runs Debezium's embedded engine (Postgres connector, pgoutput) with the outbox EventRouter SMT
-// and no overrides, takes the transformed SourceRecords (Connect format) and converts them the
+// (no overrides, or the options of an optional properties file), takes the transformed
+// SourceRecords (Connect format) and converts them the
 // way Kafka Connect's source worker does (WorkerSourceTask): key and value with
 // org.apache.kafka.connect.storage.StringConverter, each header with the default header
 // converter, org.apache.kafka.connect.storage.SimpleHeaderConverter. Writes one JSON object per
 // record, in the order Debezium emitted them, to the output file.
 //
-// Usage: java -cp 'libs/*:.' GoldenRecords <pg port> <database> <user> <out.jsonl> <ready file> <count file>
+// Usage: java -cp 'libs/*:.' GoldenRecords <pg port> <database> <user> <out.jsonl> <ready file> <count file> [<router.properties>]
 // Creates <ready file> once the connector streams (its replication slot is active); the caller
 // then inserts the rows and writes how many it inserted into <count file>. Exits after that many
 // records and a quiet second (any record beyond that fails the run), or after 180 s without them.
+// <router.properties> holds EventRouter options without their `transforms.outbox.` prefix
+// (`table.fields.additional.placement=...`); without it the router has no options at all.
+//
+// When Debezium itself fails (the engine stops on an exception, as a Kafka Connect task would),
+// the records it emitted before are written as usual, the cause to <out.jsonl>.stopped (its
+// class and message and the first frame outside the JDK), and the exit status is 3.
 //
 // Output encoding (one line per record, fields in this order):
 //   {"topic": "...", "key": K, "value": V, "headers": [{"name": "...", "value": H}, ...]}
@@ -53,15 +60,21 @@ public class GoldenRecords {
     static final String SLOT = "debezium";
 
     public static void main(String[] args) throws Exception {
-        if (args.length != 6) {
-            System.err.println("usage: GoldenRecords <port> <database> <user> <out.jsonl> <ready file> <count file>");
+        if (args.length != 6 && args.length != 7) {
+            System.err.println("usage: GoldenRecords <port> <database> <user> <out.jsonl> <ready file> <count file> [<router.properties>]");
             System.exit(2);
         }
         String port = args[0], db = args[1], user = args[2];
         Path out = Path.of(args[3]), ready = Path.of(args[4]), countFile = Path.of(args[5]);
+        Properties router = new Properties();
+        if (args.length == 7) {
+            try (java.io.Reader r = Files.newBufferedReader(Path.of(args[6]), StandardCharsets.UTF_8)) {
+                router.load(r);
+            }
+        }
 
         // The connector's own settings (connection, pgoutput, the table) and the EventRouter
-        // with no options at all. Offsets in memory: every run starts from scratch.
+        // with the given options only. Offsets in memory: every run starts from scratch.
         Properties p = new Properties();
         p.setProperty("name", "outboxd-golden");
         p.setProperty("connector.class", "io.debezium.connector.postgresql.PostgresConnector");
@@ -75,6 +88,10 @@ public class GoldenRecords {
         p.setProperty("table.include.list", "public.outboxevent");
         p.setProperty("transforms", "outbox");
         p.setProperty("transforms.outbox.type", "io.debezium.transforms.outbox.EventRouter");
+        for (String k : router.stringPropertyNames()) {
+            p.setProperty("transforms.outbox." + k, router.getProperty(k));
+            System.err.println("golden: transforms.outbox." + k + "=" + router.getProperty(k));
+        }
 
         // The converters of a Kafka Connect worker configured with
         // key.converter = value.converter = StringConverter and the default header.converter.
@@ -133,6 +150,7 @@ public class GoldenRecords {
         ExecutorService executor = Executors.newSingleThreadExecutor();
         executor.execute(engine);
         int status = 0;
+        Throwable stopped = null;
         try {
             waitForSlot(port, db, user, failure);
             Files.writeString(ready, "streaming\n");
@@ -145,7 +163,10 @@ public class GoldenRecords {
             int expected = Integer.parseInt(Files.readString(countFile).trim());
             System.err.println("golden: waiting for " + expected + " records");
             while (true) {
-                if (failure.get() != null) throw new RuntimeException("Debezium failed", failure.get());
+                if (failure.get() != null) {
+                    stopped = failure.get();
+                    break;
+                }
                 int n;
                 long last;
                 synchronized (lines) {
@@ -165,11 +186,20 @@ public class GoldenRecords {
                 }
             }
             System.err.println("golden: wrote " + lines.size() + " records to " + out);
+            if (stopped != null) {
+                Files.writeString(Path.of(out + ".stopped"), cause(stopped), StandardCharsets.UTF_8);
+                System.err.println("golden: Debezium stopped: " + cause(stopped).trim());
+                status = 3;
+            }
         } catch (Exception e) {
             e.printStackTrace();
             status = 1;
         } finally {
-            engine.close();
+            try {
+                engine.close();
+            } catch (Exception e) {
+                // Already stopped on its own failure.
+            }
             executor.shutdown();
             executor.awaitTermination(30, TimeUnit.SECONDS);
         }
@@ -192,6 +222,19 @@ public class GoldenRecords {
                 Thread.sleep(200);
             }
         }
+    }
+
+    /** The root cause: its class and message, then the first frame outside the JDK. */
+    static String cause(Throwable t) {
+        while (t.getCause() != null && t.getCause() != t) t = t.getCause();
+        StringBuilder sb = new StringBuilder(t.getClass().getName()).append(": ").append(t.getMessage()).append('\n');
+        for (StackTraceElement f : t.getStackTrace()) {
+            if (!f.getClassName().startsWith("java.")) {
+                sb.append("    at ").append(f.getClassName()).append('.').append(f.getMethodName()).append('\n');
+                break;
+            }
+        }
+        return sb.toString();
     }
 
     static String bytes(byte[] b) {

@@ -1,13 +1,22 @@
 //! outboxd with `preset = "debezium"` against what Debezium itself emits (issue 16).
 //!
-//! `tests/golden/debezium/records.jsonl` holds the records Debezium 3.6.3's outbox EventRouter
-//! (no overrides; key and value as `StringConverter` writes them, headers as
-//! `SimpleHeaderConverter` writes them) emitted for the rows of `rows.sql`, inserted into
-//! Debezium's default table (`table.sql`). `scripts/debezium-golden/generate.sh` rewrites it.
-//! This test inserts the same rows under outboxd (the preset, its default topic template) and
-//! compares record by record, matched on header `id`, byte for byte: topic, key, value (a NULL
-//! payload is a record without a value) and header `id`; also the order of each key's records.
-//! Every difference is reported, not only the first.
+//! Each data set in `tests/golden/debezium*/` holds a table (`table.sql`), the rows inserted into
+//! it (`rows.sql`), the EventRouter options Debezium ran with (`eventrouter.properties`; none:
+//! no overrides) and the records Debezium 3.6.3's outbox EventRouter emitted for them
+//! (`records.jsonl`: key and value as `StringConverter` writes them, headers as
+//! `SimpleHeaderConverter` writes them); `stopped.txt` when Debezium stopped on a row instead.
+//! `scripts/debezium-golden/generate.sh` rewrites them. The tests insert the same rows under
+//! outboxd (the preset, its default topic template, the same options in outboxd's config) and
+//! compare record by record, matched on header `id`, byte for byte: topic, key (a null key
+//! included), value (a NULL payload is a record without a value), every Debezium header and
+//! their order; also the order of each key's records. Every difference is reported, not only
+//! the first.
+//!
+//! - `debezium/`: Debezium's default table, no overrides; NULL aggregate ids and types.
+//! - `debezium-additional/`: `table.fields.additional.placement`, every supported column type in
+//!   a header (`[source.columns] additional` with the very same value).
+//! - `debezium-stops/`: a NULL aggregatetype, on which Debezium stops; outboxd parks the row and
+//!   delivers the one after it.
 //!
 //! Headers: outboxd's own (`event_id`, `event_type`, …) come in addition. Debezium's
 //! `__debezium.context.*` headers (connector name, logical name, task id and run id:
@@ -22,9 +31,35 @@ use rdkafka::message::{Headers, Message};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-const TABLE_SQL: &str = include_str!("../golden/debezium/table.sql");
-const ROWS_SQL: &str = include_str!("../golden/debezium/rows.sql");
-const RECORDS_JSONL: &str = include_str!("../golden/debezium/records.jsonl");
+/// One data set of `tests/golden/`.
+struct DataSet {
+    name: &'static str,
+    table_sql: &'static str,
+    rows_sql: &'static str,
+    records_jsonl: &'static str,
+    /// `eventrouter.properties`: the EventRouter options Debezium ran with.
+    router: &'static str,
+}
+
+macro_rules! data_set {
+    ($name:literal, $router:expr) => {
+        DataSet {
+            name: $name,
+            table_sql: include_str!(concat!("../golden/", $name, "/table.sql")),
+            rows_sql: include_str!(concat!("../golden/", $name, "/rows.sql")),
+            records_jsonl: include_str!(concat!("../golden/", $name, "/records.jsonl")),
+            router: $router,
+        }
+    };
+}
+
+const DEFAULT: DataSet = data_set!("debezium", "");
+const ADDITIONAL: DataSet = data_set!(
+    "debezium-additional",
+    include_str!("../golden/debezium-additional/eventrouter.properties")
+);
+const STOPS: DataSet = data_set!("debezium-stops", "");
+const STOPS_CAUSE: &str = include_str!("../golden/debezium-stops/stopped.txt");
 
 /// Headers of Debezium's that outboxd deliberately does not send (they describe the connector).
 const DEBEZIUM_CONTEXT_PREFIX: &str = "__debezium.context.";
@@ -47,9 +82,9 @@ impl Rec {
     }
 }
 
-/// The golden file: one JSON object per line; key, value and header values are null, a JSON
+/// A golden file: one JSON object per line; key, value and header values are null, a JSON
 /// string (its UTF-8 bytes) or `{"base64": "…"}` (see scripts/debezium-golden/GoldenRecords.java).
-fn golden() -> Result<Vec<Rec>> {
+fn golden(set: &DataSet) -> Result<Vec<Rec>> {
     fn bytes(v: &serde_json::Value) -> Result<Option<Vec<u8>>> {
         Ok(match v {
             serde_json::Value::Null => None,
@@ -61,12 +96,12 @@ fn golden() -> Result<Vec<Rec>> {
             other => bail!("unknown byte encoding {other}"),
         })
     }
-    RECORDS_JSONL
+    set.records_jsonl
         .lines()
         .enumerate()
         .map(|(n, line)| {
-            let v: serde_json::Value =
-                serde_json::from_str(line).with_context(|| format!("records.jsonl:{}", n + 1))?;
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("{}/records.jsonl:{}", set.name, n + 1))?;
             let headers = v["headers"]
                 .as_array()
                 .context("headers")?
@@ -244,6 +279,24 @@ fn compare(golden: &[Rec], got: &[Rec]) -> (usize, Vec<String>) {
                 Some(_) => {}
             }
         }
+        // And in Debezium's order (outboxd's own headers may come in between).
+        let theirs: Vec<&str> = g
+            .headers
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !n.starts_with(DEBEZIUM_CONTEXT_PREFIX))
+            .collect();
+        let ours: Vec<&str> = o
+            .headers
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| theirs.contains(n))
+            .collect();
+        if ours != theirs {
+            diffs.push(format!(
+                "{what}: headers in the order {ours:?}, Debezium {theirs:?}"
+            ));
+        }
         if diffs.len() == before {
             identical += 1;
         }
@@ -260,8 +313,9 @@ fn compare(golden: &[Rec], got: &[Rec]) -> (usize, Vec<String>) {
         }
     }
     // Order per aggregate: each key's records in Debezium's order (one key, one partition).
+    // Records without a key belong to no aggregate: the partitioner spreads them, in both.
     let (want, have) = (ids_per_key(golden), ids_per_key(got));
-    for (k, ids) in &want {
+    for (k, ids) in want.iter().filter(|(k, _)| k.1.is_some()) {
         let Some(h) = have.get(k) else { continue };
         if let Some(i) = (0..ids.len().max(h.len())).find(|&i| h.get(i) != ids.get(i)) {
             let at = |v: &[Vec<u8>]| {
@@ -285,70 +339,186 @@ fn compare(golden: &[Rec], got: &[Rec]) -> (usize, Vec<String>) {
     (identical, diffs)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn records_match_debezium_byte_for_byte() -> Result<()> {
-    let golden = golden()?;
-    // The golden file covers what issue 16 asks for (guards against a truncated regeneration).
-    assert_eq!(golden.len(), 534, "500 ordinary rows and 34 edge cases");
-    assert_eq!(golden.iter().filter(|g| g.value.is_none()).count(), 2);
-    let mut expected: BTreeMap<String, usize> = BTreeMap::new();
-    for g in &golden {
-        *expected.entry(g.topic.clone()).or_default() += 1;
-    }
-    assert_eq!(expected.len(), 2, "two aggregate types");
+/// The value of `table.fields.additional.placement` in a data set's router options.
+fn placement(router: &str) -> Option<&str> {
+    router
+        .lines()
+        .find_map(|l| l.strip_prefix("table.fields.additional.placement="))
+        .map(str::trim)
+}
 
-    let mut env = Env::start("dbzcompat").await?;
+/// What one data set's rows became under outboxd.
+struct Outcome {
+    records: Vec<Rec>,
+    /// Rows in the outbox table afterwards.
+    rows: usize,
+    /// `event_id`, `error_class` and `error_message` of the parked rows.
+    parked: Vec<(String, String, String)>,
+}
+
+/// Inserts a data set's rows under outboxd (`preset = "debezium"`, the default topic template,
+/// the data set's header placement pasted as `[source.columns] additional`) and reads back
+/// every record; `expected` gives the records to wait for per topic.
+async fn run_outboxd(set: &DataSet, expected: &BTreeMap<String, usize>) -> Result<Outcome> {
+    let mut env = Env::start(&set.name.replace('-', "_")).await?;
     let c = env.sql().await?;
-    c.batch_execute(TABLE_SQL).await?;
+    c.batch_execute(set.table_sql).await?;
     c.batch_execute(
         "CREATE PUBLICATION dbz_pub FOR TABLE public.outboxevent WITH (publish = 'insert')",
     )
     .await?;
     env.extra_toml = String::new();
+    let mut columns = "[source.columns]\npreset = \"debezium\"\n".to_string();
+    if let Some(p) = placement(set.router) {
+        // Exactly Debezium's value: what a migrating user pastes.
+        columns += &format!("additional = {}\n", serde_json::to_string(p)?);
+    }
     let toml = env
         .toml()
         .replace(
             "[source]\n",
             "[source]\ntable = \"public.outboxevent\"\npublication = \"dbz_pub\"\n",
         )
-        .replace(
-            "[sink.kafka]\n",
-            "[source.columns]\npreset = \"debezium\"\n[sink.kafka]\n",
-        );
+        .replace("[sink.kafka]\n", &format!("{columns}[sink.kafka]\n"));
     let cfg = outboxd::Config::from_toml_and_env(&toml, Vec::<(String, String)>::new())?;
     let relay = Relay::start(cfg);
 
-    c.batch_execute(ROWS_SQL).await?;
+    c.batch_execute(set.rows_sql).await?;
     let rows: i64 = c
         .query_one("SELECT count(*) FROM outboxevent", &[])
         .await?
         .get(0);
-    assert_eq!(
-        rows as usize,
-        golden.len(),
-        "rows.sql and records.jsonl disagree"
-    );
     env.caught_up(Duration::from_secs(60)).await?;
-
-    let got = read_all(&env.bootstrap(), &expected)?;
-    let (identical, diffs) = compare(&golden, &got);
-    println!(
-        "{} Debezium records, {} outboxd records, {identical} identical (topic, key, value, header id)",
-        golden.len(),
-        got.len()
-    );
-    let parked: i64 = c
-        .query_one("SELECT count(*) FROM outbox_parked", &[])
+    let records = read_all(&env.bootstrap(), expected)?;
+    let parked = c
+        .query(
+            "SELECT event_id, error_class, error_message FROM outbox_parked ORDER BY id",
+            &[],
+        )
         .await?
-        .get(0);
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
     relay.shutdown().await?;
+    Ok(Outcome {
+        records,
+        rows: rows as usize,
+        parked,
+    })
+}
+
+fn per_topic(golden: &[Rec]) -> BTreeMap<String, usize> {
+    let mut expected: BTreeMap<String, usize> = BTreeMap::new();
+    for g in golden {
+        *expected.entry(g.topic.clone()).or_default() += 1;
+    }
+    expected
+}
+
+/// Compares and asserts: every golden record identical, nothing else sent, nothing parked.
+async fn assert_identical(set: &DataSet, golden: &[Rec]) -> Result<()> {
+    let out = run_outboxd(set, &per_topic(golden)).await?;
+    assert_eq!(
+        out.rows,
+        golden.len(),
+        "{}: rows.sql and records.jsonl disagree",
+        set.name
+    );
+    let (identical, diffs) = compare(golden, &out.records);
+    println!(
+        "{}: {} Debezium records, {} outboxd records, {identical} identical (topic, key, value, \
+         headers and their order)",
+        set.name,
+        golden.len(),
+        out.records.len()
+    );
     assert!(
-        diffs.is_empty() && parked == 0,
-        "{} differences ({parked} events parked):\n{}",
+        diffs.is_empty() && out.parked.is_empty(),
+        "{}: {} differences ({} events parked: {:?}):\n{}",
+        set.name,
         diffs.len(),
+        out.parked.len(),
+        out.parked,
         diffs.join("\n")
     );
     assert_eq!(identical, golden.len());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_match_debezium_byte_for_byte() -> Result<()> {
+    let golden = golden(&DEFAULT)?;
+    // The golden file covers what issue 16 asks for (guards against a truncated regeneration).
+    assert_eq!(golden.len(), 540, "500 ordinary rows and 40 edge cases");
+    assert_eq!(golden.iter().filter(|g| g.value.is_none()).count(), 3);
+    // NULL aggregate ids: records with a null key (one of them also without a value).
+    assert_eq!(golden.iter().filter(|g| g.key.is_none()).count(), 3);
+    assert_eq!(per_topic(&golden).len(), 2, "two aggregate types");
+    assert_identical(&DEFAULT, &golden).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placed_headers_match_debezium_byte_for_byte() -> Result<()> {
+    let golden = golden(&ADDITIONAL)?;
+    assert_eq!(golden.len(), 90, "60 ordinary rows and 30 edge cases");
+    let placed = placement(ADDITIONAL.router).expect("a placement");
+    assert_eq!(placed.split(',').count(), 15);
+    // Each record carries id and the 15 placed headers; NULL columns as headers without value.
+    for g in &golden {
+        let own = g
+            .headers
+            .iter()
+            .filter(|(n, _)| !n.starts_with(DEBEZIUM_CONTEXT_PREFIX))
+            .count();
+        assert_eq!(own, 16, "{:?}", g.header("id"));
+    }
+    let null_headers = golden
+        .iter()
+        .flat_map(|g| &g.headers)
+        .filter(|(_, v)| v.is_none())
+        .count();
+    assert!(null_headers > 30, "{null_headers} headers without value");
+    assert_identical(&ADDITIONAL, &golden).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn where_debezium_stops_outboxd_parks_and_goes_on() -> Result<()> {
+    // Debezium emitted nothing: it failed on the first row (a NULL aggregatetype, the field
+    // it routes by) and never reached the second.
+    let golden = golden(&STOPS)?;
+    assert!(golden.is_empty(), "Debezium delivered nothing");
+    assert!(
+        STOPS_CAUSE.starts_with("java.lang.NullPointerException")
+            && STOPS_CAUSE.contains("RegexRouter.apply"),
+        "{STOPS_CAUSE}"
+    );
+    let expected = BTreeMap::from([("outbox.event.order".to_string(), 1)]);
+    let out = run_outboxd(&STOPS, &expected).await?;
+    assert_eq!(out.rows, 2);
+    let parked: Vec<(&str, &str)> = out
+        .parked
+        .iter()
+        .map(|(id, class, _)| (id.as_str(), class.as_str()))
+        .collect();
+    assert_eq!(
+        parked,
+        [("00000000-0000-4000-d000-000000000001", "invalid_event")]
+    );
+    assert!(
+        out.parked[0].2.contains("aggregate_type"),
+        "{:?}",
+        out.parked
+    );
+    // The row after it is delivered (its aggregate is not held: the parked row has none).
+    assert_eq!(out.records.len(), 1, "{:?}", out.records);
+    let r = &out.records[0];
+    assert_eq!(r.topic, "outbox.event.order");
+    assert_eq!(r.key.as_deref(), Some(&b"order-1"[..]));
+    assert_eq!(r.value.as_deref(), Some(&b"{\"k\": 2}"[..]));
+    assert_eq!(
+        r.header("id"),
+        Some(&b"00000000-0000-4000-d000-000000000002"[..])
+    );
     Ok(())
 }
 

@@ -1,9 +1,11 @@
 //! Schema handling and instances: the Debezium preset reads Debezium's table unchanged (with zstd
 //! compression); a column added mid-stream is harmless; a required column dropped mid-stream stops
 //! the relay with a clear error and nothing past it is confirmed; a second instance on the same
-//! slot stands by instead of crash-looping and takes over when the first stops.
+//! slot stands by instead of crash-looping and takes over when the first stops; with the preset,
+//! columns placed in headers and NULL aggregate ids survive parking and an operator's release.
 
 use outboxd_tests::*;
+use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -188,5 +190,195 @@ async fn second_instance_stands_by_then_takes_over() -> anyhow::Result<()> {
     })
     .await?;
     b.shutdown().await?;
+    Ok(())
+}
+
+/// One record as read: key, value and headers (`None`: no bytes), by the `id` header.
+type Seen = (
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Vec<(String, Option<Vec<u8>>)>,
+);
+
+fn seen_by_id(bootstrap: &str, topic: &str, min: usize) -> anyhow::Result<HashMap<String, Seen>> {
+    use rdkafka::message::{Headers, Message};
+    let mut by_id = HashMap::new();
+    scan_topic(bootstrap, topic, min, Duration::from_secs(30), |m| {
+        let headers: Vec<(String, Option<Vec<u8>>)> = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let id = headers
+            .iter()
+            .find(|(k, _)| k == "id")
+            .and_then(|(_, v)| v.clone())
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        by_id.insert(
+            id,
+            (
+                m.key().map(<[u8]>::to_vec),
+                m.payload().map(<[u8]>::to_vec),
+                headers,
+            ),
+        );
+    })?;
+    Ok(by_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn placed_headers_and_null_keys_survive_parking_and_release() -> anyhow::Result<()> {
+    // Debezium's table plus a tenant column placed in a header (issue 16), a broker that
+    // refuses big records: parked events are republished as the live path sends them.
+    let mut env = Env::start("dbz_release").await?;
+    env.kafka_toml = "\"message.max.bytes\" = \"20000\"".into();
+    let c = env.sql().await?;
+    c.batch_execute(
+        "CREATE TABLE public.outboxevent (id uuid PRIMARY KEY, aggregatetype text, \
+         aggregateid text, type text, payload jsonb, tenant_id text); \
+         CREATE PUBLICATION dbz_pub FOR TABLE public.outboxevent WITH (publish = 'insert');",
+    )
+    .await?;
+    let toml = env
+        .toml()
+        .replace("[source]\n", "[source]\ntable = \"public.outboxevent\"\npublication = \"dbz_pub\"\n")
+        .replace(
+            "[sink.kafka]\n",
+            "[source.columns]\npreset = \"debezium\"\nadditional = \"tenant_id:header, type:header:eventType\"\n[sink.kafka]\n",
+        );
+    let cfg_file = env.dir.path().join("dbz.toml");
+    std::fs::write(&cfg_file, &toml)?;
+    let relay = Relay::start(outboxd::Config::from_toml_and_env(
+        &toml,
+        Vec::<(String, String)>::new(),
+    )?);
+    let big = format!("{{\"blob\": \"{}\"}}", "x".repeat(30_000));
+    let (a1, a2, keyless) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+    // Too big, a NULL tenant; the aggregate's next event waits behind it.
+    c.execute(
+        "INSERT INTO outboxevent VALUES ($1, 'customer', 'c-1', 'Created', $2::text::jsonb, NULL)",
+        &[&a1, &big],
+    )
+    .await?;
+    c.execute(
+        "INSERT INTO outboxevent VALUES ($1, 'customer', 'c-1', NULL, '{\"n\": 2}', 't-2')",
+        &[&a2],
+    )
+    .await?;
+    // Too big and without aggregate id: parked, holding nothing.
+    c.execute(
+        "INSERT INTO outboxevent VALUES ($1, 'customer', NULL, 'Created', $2::text::jsonb, 't-3')",
+        &[&keyless, &big],
+    )
+    .await?;
+    env.caught_up(Duration::from_secs(30)).await?;
+    let states: Vec<(String, String, bool)> = c
+        .query(
+            "SELECT event_id, state, blocks_aggregate FROM outbox_parked ORDER BY id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (a1.to_string(), "parked".into(), true),
+            (a2.to_string(), "blocked".into(), true),
+            (keyless.to_string(), "parked".into(), false),
+        ]
+    );
+    // Parked as it would have been sent: the NULL tenant as a header without value.
+    let stored: serde_json::Value = c
+        .query_one(
+            "SELECT headers FROM outbox_parked WHERE event_id = $1",
+            &[&a1.to_string()],
+        )
+        .await?
+        .get(0);
+    assert!(
+        stored
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!(["tenant_id", null])),
+        "{stored}"
+    );
+
+    let fixed = env.dir.path().join("fixed.json");
+    std::fs::write(&fixed, r#"{"blob": "trimmed"}"#)?;
+    for id in [a1, keyless] {
+        let (code, out) = outboxd_cli(
+            &[
+                "parked",
+                "retry",
+                &id.to_string(),
+                "--payload",
+                fixed.to_str().unwrap(),
+                "--operator",
+                "alice",
+                "--reason",
+                "trim blob",
+            ],
+            &cfg_file,
+        );
+        assert_eq!(code, 0, "{out}");
+    }
+    let recs = seen_by_id(&env.bootstrap(), "outbox.event.customer", 3)?;
+    let h = |id: &Uuid| {
+        let (key, _, headers) = &recs[&id.to_string()];
+        let placed: Vec<(&str, Option<&[u8]>)> = headers
+            .iter()
+            .filter(|(k, _)| ["id", "tenant_id", "eventType"].contains(&k.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect();
+        (key.as_deref(), placed)
+    };
+    let id = |u: &Uuid| u.to_string().into_bytes();
+    let (a1_id, a2_id, k_id) = (id(&a1), id(&a2), id(&keyless));
+    assert_eq!(
+        h(&a1),
+        (
+            Some(&b"c-1"[..]),
+            vec![
+                ("id", Some(&a1_id[..])),
+                ("tenant_id", None),
+                ("eventType", Some(&b"Created"[..]))
+            ]
+        )
+    );
+    assert_eq!(
+        h(&a2),
+        (
+            Some(&b"c-1"[..]),
+            vec![
+                ("id", Some(&a2_id[..])),
+                ("tenant_id", Some(&b"t-2"[..])),
+                ("eventType", None)
+            ]
+        )
+    );
+    assert_eq!(
+        h(&keyless),
+        (
+            None,
+            vec![
+                ("id", Some(&k_id[..])),
+                ("tenant_id", Some(&b"t-3"[..])),
+                ("eventType", Some(&b"Created"[..]))
+            ]
+        )
+    );
+    // No schema_version header appears on release when the table has no such column.
+    let (_, _, headers) = &recs[&a1.to_string()];
+    assert!(
+        !headers.iter().any(|(k, _)| k == "schema_version"),
+        "{headers:?}"
+    );
+    relay.shutdown().await?;
     Ok(())
 }

@@ -1,4 +1,4 @@
--- The rows behind tests/golden/debezium/records.jsonl: 500 ordinary rows and 34 edge cases,
+-- The rows behind tests/golden/debezium/records.jsonl: 500 ordinary rows and 40 edge cases,
 -- inserted into table.sql's outboxevent in this order, in these transactions. Everything is
 -- fixed (ids, values; no random(), no clock), so the rows can be re-inserted identically.
 -- Ordinary ids: 00000000-0000-4000-a000-000000000001 … 500; edge cases: …-b000-0000000000NN.
@@ -123,3 +123,18 @@ INSERT INTO outboxevent VALUES
   ('00000000-0000-4000-b000-000000000032', 'customer', 'cust-big', 'CustomerUpdated', '[0, -1, 1.5, 1e3, 100000000000000000000000000000.000000000000000000001, -0.000001]'),
   ('00000000-0000-4000-b000-000000000033', 'customer', 'cust-shape', 'CustomerUpdated', '{"a\tb\u0002": "\u001b[31mred\u001b[0m"}'),
   ('00000000-0000-4000-b000-000000000034', 'customer', 'cust-3', 'CustomerCreated', '{"k": 34}');
+
+-- NULL in columns the EventRouter (no overrides) needs no value of: the key comes from
+-- aggregateid (a NULL is a record with a null key), and type is not used at all. A NULL
+-- aggregatetype, the routing field, stops Debezium instead: tests/golden/debezium-stops/.
+-- 35 an ordinary event of order-1; 36 a NULL aggregateid; 37 a NULL type; 38 a NULL
+-- aggregateid and a NULL payload (a record with neither key nor value); 39 a NULL aggregateid
+-- and a NULL type; 40 an ordinary event of order-1 after them.
+BEGIN;
+INSERT INTO outboxevent VALUES ('00000000-0000-4000-b000-000000000035', 'order', 'order-1', 'OrderCreated', '{"k": 35}');
+INSERT INTO outboxevent VALUES ('00000000-0000-4000-b000-000000000036', 'order', NULL, 'OrderCreated', '{"k": 36}');
+INSERT INTO outboxevent VALUES ('00000000-0000-4000-b000-000000000037', 'customer', 'cust-3', NULL, '{"k": 37}');
+INSERT INTO outboxevent VALUES ('00000000-0000-4000-b000-000000000038', 'customer', NULL, 'CustomerDeleted', NULL);
+INSERT INTO outboxevent VALUES ('00000000-0000-4000-b000-000000000039', 'order', NULL, NULL, '{"k": 39}');
+INSERT INTO outboxevent VALUES ('00000000-0000-4000-b000-000000000040', 'order', 'order-1', 'OrderPaid', '{"k": 40}');
+COMMIT;

@@ -369,7 +369,7 @@ async fn failover(cfg: &Config, sql: &tokio_postgres::Client) -> CheckLine {
     )
 }
 
-/// Required columns of the configured mapping that the table lacks.
+/// Required columns of the configured mapping (`additional` ones included) that the table lacks.
 async fn columns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine> {
     let names = cfg.source.columns.resolve().ok()?;
     let (schema, table) = cfg.table_name();
@@ -393,6 +393,8 @@ async fn columns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine
         &names.payload,
     ]
     .into_iter()
+    // The columns placed in headers are required too.
+    .chain(names.additional.iter().map(|p| &p.column))
     .filter(|n| !have.contains(n))
     .map(String::as_str)
     .collect();

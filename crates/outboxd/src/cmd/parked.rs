@@ -134,7 +134,8 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
                 operator: &operator,
                 reason: &reason,
             };
-            match operator::request_retry(&mut sql, &req, new_payload.as_ref()).await? {
+            let nulls = cfg.source.columns.resolve()?.debezium_nulls;
+            match operator::request_retry(&mut sql, &req, new_payload.as_ref(), nulls).await? {
                 operator::RetryOutcome::Requested => {}
                 operator::RetryOutcome::NotParked => return Err(not_parked(&event_id)),
                 operator::RetryOutcome::Unroutable(field) => {
@@ -195,9 +196,9 @@ async fn validate(
     let schema_version = d
         .headers
         .as_deref()
-        .and_then(|h| serde_json::from_str::<Vec<(String, String)>>(h).ok())
+        .and_then(|h| serde_json::from_str::<Vec<(String, Option<String>)>>(h).ok())
         .and_then(|hs| hs.into_iter().find(|(k, _)| k == "schema_version"))
-        .map(|(_, v)| v)
+        .and_then(|(_, v)| v)
         .unwrap_or_else(|| "1".into());
     let bytes = serde_json::to_vec(payload).unwrap_or_default();
     validator

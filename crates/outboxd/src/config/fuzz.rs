@@ -30,6 +30,7 @@ const KEYS: &[(&str, &str)] = &[
     ("source.columns", "event_id"),
     ("source.columns", "headers"),
     ("source.columns", "payload"),
+    ("source.columns", "additional"),
     ("sink", "topic"),
     ("sink.kafka", "\"bootstrap.servers\""),
     ("sink.kafka", "acks"),
@@ -97,6 +98,8 @@ fn literal() -> impl Strategy<Value = String> {
             Just("/dev/urandom".to_string()),
             Just("/".to_string()),
             Just("/nonexistent/secret".to_string()),
+            Just("tenant_id:header,type:header:eventType".to_string()),
+            Just("x:partition".to_string()),
         ]
         .prop_map(string),
         // Within i64: a TOML integer; any u64 as a string (what `lenient` reads).

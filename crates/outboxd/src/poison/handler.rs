@@ -37,8 +37,9 @@ pub struct PoisonHandler {
     topic: TopicTemplate,
     topic_buf: String,
     validator: Option<Validator>,
-    /// Released events carry header `id` too, like live ones (Debezium preset).
-    id_header: bool,
+    /// The column mapping: released events carry header `id`, the placed columns' headers and
+    /// NULL aggregate ids or event types like live ones.
+    names: crate::relay::route::ColumnNames,
     /// What a NULL payload becomes unless the policy says: the preset's choice.
     null_default: NullPayload,
     /// Outside the stream (replay): park nothing, hold nothing; every poison event is an error.
@@ -79,7 +80,7 @@ impl PoisonHandler {
             topic: TopicTemplate::parse(&cfg.sink.topic)?,
             topic_buf: String::new(),
             validator: Validator::from_config(&cfg.validation),
-            id_header: cfg.source.columns.resolve()?.id_header,
+            names: cfg.source.columns.resolve()?,
             null_default: match cfg.source.columns.preset {
                 crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
                 crate::relay::route::Preset::Outboxd => NullPayload::Park,
@@ -215,12 +216,14 @@ impl PoisonHandler {
             return Ok(());
         };
         // Never as stored: through the live router and the schema checks (see route::release).
-        let rebuilt = release::rebuild(&r.record, &self.topic, self.id_header, &mut self.topic_buf);
+        let rebuilt = release::rebuild(&r.record, &self.topic, &self.names, &mut self.topic_buf);
         let record = match rebuilt {
             Err(e) => Err((e.class(), e.to_string())),
             Ok((record, schema_version)) => {
-                let checked = match (&mut self.validator, &record.payload, &record.event_type) {
-                    (Some(v), Some(p), Some(t)) => v.check(t, &schema_version, p),
+                // A NULL event type (Debezium preset) is checked as "", like the live path.
+                let t = record.event_type.as_deref().unwrap_or("");
+                let checked = match (&mut self.validator, &record.payload) {
+                    (Some(v), Some(p)) => v.check(t, &schema_version, p),
                     _ => Ok(()),
                 };
                 checked.map(|()| record).map_err(|m| ("schema_invalid", m))

@@ -12,6 +12,7 @@ pub struct ParkedRecord {
     pub topic: Option<String>,
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
-    pub headers: Vec<(String, String)>,
+    /// The Kafka headers in order; `None` is a header without a value (a NULL placed column).
+    pub headers: Vec<(String, Option<String>)>,
     pub timestamp_ms: Option<i64>,
 }

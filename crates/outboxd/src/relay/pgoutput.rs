@@ -30,6 +30,8 @@ pub enum DecodeError {
 pub struct Column {
     pub name: String,
     pub type_oid: u32,
+    /// `atttypmod`: e.g. the precision of `timestamptz(3)`; -1 when the type has none.
+    pub type_modifier: i32,
 }
 
 /// A Relation message: the schema of a table as of this point of the stream.
@@ -155,8 +157,12 @@ fn decode_relation(r: &mut Reader<'_>) -> Result<Relation, DecodeError> {
         let _flags = r.u8("column flags")?;
         let name = r.cstr("column name")?;
         let type_oid = r.u32("column type")?;
-        let _typmod = r.u32("column typmod")?;
-        columns.push(Column { name, type_oid });
+        let type_modifier = r.u32("column typmod")? as i32;
+        columns.push(Column {
+            name,
+            type_oid,
+            type_modifier,
+        });
     }
     Ok(Relation {
         id,
@@ -205,7 +211,7 @@ pub mod encode {
             b.extend_from_slice(c.name.as_bytes());
             b.push(0);
             b.extend_from_slice(&c.type_oid.to_be_bytes());
-            b.extend_from_slice(&(-1i32).to_be_bytes());
+            b.extend_from_slice(&c.type_modifier.to_be_bytes());
         }
         b
     }
@@ -246,10 +252,12 @@ mod tests {
                 Column {
                     name: "event_id".into(),
                     type_oid: 2950,
+                    type_modifier: -1,
                 },
                 Column {
                     name: "payload".into(),
                     type_oid: 3802,
+                    type_modifier: 7,
                 },
             ],
         }

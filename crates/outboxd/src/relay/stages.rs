@@ -305,15 +305,17 @@ impl Stages {
                 return self.park(rec, e.class(), &e.to_string()).await;
             }
         };
-        if event.tombstone && self.poison.parks_null_payload(event.event_type) {
+        let event_type = event.type_or_empty();
+        if event.tombstone && self.poison.parks_null_payload(event_type) {
             let rec = self.record_of(&event);
             let msg = "payload is NULL; policy.on_null_payload = \"park\" (set \"tombstone\" to \
                        send a record with a null value, as Debezium does)";
             return self.park(rec, "invalid_event", msg).await;
         }
-        let blocked_by =
-            self.poison
-                .blocked_by(event.event_type, event.aggregate_type, event.aggregate_id);
+        // No aggregate (a NULL aggregate id, Debezium preset): nothing to wait behind.
+        let blocked_by = event
+            .aggregate_id
+            .and_then(|id| self.poison.blocked_by(event_type, event.aggregate_type, id));
         if let Some(head) = blocked_by {
             let rec = self.record_of(&event);
             return self.poison.hold(&self.sql, &rec, &head).await;
@@ -326,7 +328,7 @@ impl Stages {
         }
         if let (Some(v), false) = (self.validator.as_mut(), event.tombstone) {
             if let Err(msg) = v.check(
-                event.event_type,
+                event_type,
                 event.schema_version.unwrap_or("1"),
                 event.payload,
             ) {
@@ -334,13 +336,13 @@ impl Stages {
                 return self.park(rec, "schema_invalid", &msg).await;
             }
         }
-        self.topic.render(&event, &mut self.topic_buf);
+        if let Err(e) = self.topic.render(&event, &mut self.topic_buf) {
+            // `{event_type}` in sink.topic and a NULL event type: no topic to send it to.
+            let rec = self.record_of(&event);
+            return self.park(rec, e.class(), &e.to_string()).await;
+        }
         let mut topic = self.topic_buf.as_str();
-        if let Some(tap) = self
-            .shadow
-            .as_ref()
-            .filter(|t| !t.delivers(event.event_type))
-        {
+        if let Some(tap) = self.shadow.as_ref().filter(|t| !t.delivers(event_type)) {
             let commit_ms = self.in_flight.open_commit_ms().unwrap_or(i64::MAX);
             tap.offer(commit_ms, || crate::shadow::record_of(&event, topic));
             match tap.prefix() {
@@ -354,9 +356,9 @@ impl Stages {
                 }
             }
         }
-        let seq =
-            self.in_flight
-                .add(event.event_type, topic, event.size(), &self.observed.labels)?;
+        let seq = self
+            .in_flight
+            .add(event_type, topic, event.size(), &self.observed.labels)?;
         // A synchronous refusal arrives as an Ack before the session reads the next event.
         producer.send(topic, &event, seq).await;
         fail::hit("produced");
@@ -373,9 +375,9 @@ impl Stages {
         self.poison.park(&self.sql, rec, class, msg).await
     }
 
-    /// The record exactly as it would have been produced.
+    /// The record exactly as it would have been produced (without a topic when it has none).
     fn record_of(&mut self, e: &Event<'_>) -> ParkedRecord {
-        self.topic.render(e, &mut self.topic_buf);
-        e.parked_record(&self.topic_buf)
+        let routed = self.topic.render(e, &mut self.topic_buf).is_ok();
+        e.parked_record(routed.then_some(self.topic_buf.as_str()))
     }
 }

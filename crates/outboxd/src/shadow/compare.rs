@@ -13,7 +13,8 @@ pub struct Rec {
     pub topic: String,
     pub key: Option<Vec<u8>>,
     pub value: Option<Vec<u8>>,
-    pub headers: Vec<(String, Vec<u8>)>,
+    /// In order; a header may have no value.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -178,11 +179,12 @@ fn missing((side, rec, _): (Side, Rec, Instant)) -> Decided {
     }
 }
 
-fn header<'a>(r: &'a Rec, name: &str) -> Option<&'a [u8]> {
+/// The header's value: `None` when absent, `Some(None)` when present without a value.
+fn header<'a>(r: &'a Rec, name: &str) -> Option<Option<&'a [u8]>> {
     r.headers
         .iter()
         .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_slice())
+        .map(|(_, v)| v.as_deref())
 }
 
 #[cfg(test)]
@@ -196,7 +198,7 @@ mod tests {
             topic: "orders".into(),
             key: Some(b"o-1".to_vec()),
             value: Some(value.as_bytes().to_vec()),
-            headers: vec![("event_type".into(), b"OrderPlaced".to_vec())],
+            headers: vec![("event_type".into(), Some(b"OrderPlaced".to_vec()))],
         }
     }
 

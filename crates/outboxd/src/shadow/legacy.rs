@@ -63,11 +63,11 @@ pub fn consumer(cfg: &Config) -> Result<StreamConsumer<Ctx>, RelayError> {
 /// The legacy record as a comparable [`Rec`]; `None` when its event id cannot be found (it is
 /// counted, never logged with content).
 pub fn to_rec(m: &BorrowedMessage<'_>, id: &Locator, ty: Option<&Locator>) -> Option<Rec> {
-    let headers: Vec<(String, Vec<u8>)> = m
+    let headers: Vec<(String, Option<Vec<u8>>)> = m
         .headers()
         .map(|h| {
             h.iter()
-                .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
                 .collect()
         })
         .unwrap_or_default();
@@ -78,7 +78,8 @@ pub fn to_rec(m: &BorrowedMessage<'_>, id: &Locator, ty: Option<&Locator>) -> Op
             Locator::Header(h) => headers
                 .iter()
                 .find(|(k, _)| k == h)
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned()),
+                .and_then(|(_, v)| v.as_deref())
+                .map(|v| String::from_utf8_lossy(v).into_owned()),
             Locator::Json(p) => json
                 .get_or_init(|| {
                     m.payload()

@@ -83,12 +83,12 @@ impl Tap {
 /// The record as outboxd would produce it to `topic`, for comparing.
 pub fn record_of(e: &crate::relay::route::Event<'_>, topic: &str) -> Rec {
     let mut headers = Vec::new();
-    let _ = e.for_each_header(|k, v| headers.push((k.to_string(), v.to_vec())));
+    let _ = e.for_each_header(|k, v| headers.push((k.to_string(), v.map(<[u8]>::to_vec))));
     Rec {
         event_id: e.event_id.to_string(),
-        event_type: e.event_type.to_string(),
+        event_type: e.type_or_empty().to_string(),
         topic: topic.to_string(),
-        key: Some(e.aggregate_id.as_bytes().to_vec()),
+        key: e.aggregate_id.map(|k| k.as_bytes().to_vec()),
         value: (!e.tombstone).then(|| e.payload.to_vec()),
         headers,
     }

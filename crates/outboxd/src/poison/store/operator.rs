@@ -132,11 +132,13 @@ pub enum RetryOutcome {
 
 /// Marks a parked event for republishing (optionally with a corrected payload, stored as
 /// Postgres renders jsonb), in one transaction with its audit row, which the row then names
-/// (`retry_audit_id`): the relay releases nothing without it.
+/// (`retry_audit_id`): the relay releases nothing without it. `debezium_nulls`: a NULL
+/// aggregate id or event type is routable (the Debezium preset sends such events).
 pub async fn request_retry(
     sql: &mut Client,
     r: &Request<'_>,
     payload: Option<&serde_json::Value>,
+    debezium_nulls: bool,
 ) -> Result<RetryOutcome, RelayError> {
     let new_payload: Option<Vec<u8>> = match payload {
         None => None,
@@ -157,12 +159,12 @@ pub async fn request_retry(
         return Ok(RetryOutcome::NotParked);
     };
     let old: Option<Vec<u8>> = row.get(0);
-    for (i, field) in [
-        (1, "aggregate_type"),
-        (2, "aggregate_id"),
-        (3, "event_type"),
+    for (i, field, nullable) in [
+        (1, "aggregate_type", false),
+        (2, "aggregate_id", debezium_nulls),
+        (3, "event_type", debezium_nulls),
     ] {
-        if row.get::<_, bool>(i) {
+        if row.get::<_, bool>(i) && !nullable {
             return Ok(RetryOutcome::Unroutable(field));
         }
     }

@@ -53,7 +53,7 @@ fn capture(m: &rdkafka::message::BorrowedMessage<'_>) -> ParkedRecord {
                     .map(|h| {
                         (
                             h.key.to_string(),
-                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                            h.value.map(|v| String::from_utf8_lossy(v).into_owned()),
                         )
                     })
                     .collect()
@@ -360,18 +360,18 @@ impl Producer {
         // Header JSON was validated by the stage before this call. `Option::take` moves the
         // list through `insert` without allocating a replacement.
         let _ = e.for_each_header(|k, v| {
-            headers = headers.take().map(|h| {
-                h.insert(Header {
-                    key: k,
-                    value: Some(v),
-                })
-            });
+            headers = headers
+                .take()
+                .map(|h| h.insert(Header { key: k, value: v }));
         });
         let headers = headers.unwrap_or_default();
         let origin = Origin::Stream(seq);
-        let record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, origin.to_opaque())
-            .key(e.aggregate_id.as_bytes())
+        let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, origin.to_opaque())
             .headers(headers);
+        // A NULL aggregate id (Debezium preset) is a record without a key, not an empty one.
+        if let Some(k) = e.aggregate_id {
+            record = record.key(k.as_bytes());
+        }
         // A tombstone has no value at all (null), not an empty one.
         let record = if e.tombstone {
             record
@@ -379,7 +379,7 @@ impl Producer {
             record.payload(e.payload)
         };
         self.enqueue(record, e.created_at_ms, origin, e.event_id, || {
-            e.parked_record(topic)
+            e.parked_record(Some(topic))
         })
         .await;
     }
@@ -391,7 +391,7 @@ impl Producer {
         for (k, v) in &r.headers {
             headers = headers.insert(Header {
                 key: k,
-                value: Some(v.as_bytes()),
+                value: v.as_deref().map(str::as_bytes),
             });
         }
         let origin = Origin::Release(id);

@@ -42,6 +42,7 @@ fn outbox_relation(ncols: usize) -> Relation {
             .map(|n| Column {
                 name: n.to_string(),
                 type_oid: 25,
+                type_modifier: -1,
             })
             .collect(),
     }

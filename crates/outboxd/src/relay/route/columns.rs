@@ -1,8 +1,9 @@
 //! Which columns of the outbox table hold which event field: our names, Debezium's preset, or
 //! the operator's (`[source.columns]`).
 
-use super::SettingError;
-use serde::Deserialize;
+use super::{is_reserved_header, SettingError};
+use serde::{Deserialize, Deserializer};
+use std::sync::Arc;
 
 /// Column names of the outbox table. `preset = "debezium"` reads Debezium's outbox table
 /// (`id`, `aggregatetype`, `aggregateid`, `type`, `payload`) unchanged.
@@ -20,6 +21,32 @@ pub struct Columns {
     pub payload: Option<String>,
     pub headers: Option<String>,
     pub created_at: Option<String>,
+    /// Extra columns placed into the record, in Debezium's `table.fields.additional.placement`
+    /// syntax: `column:header[:name]` entries, comma-separated in one string (pasted from a
+    /// connector config, or from the environment) or given as a list of strings.
+    #[serde(default, deserialize_with = "entries")]
+    pub additional: Vec<String>,
+}
+
+/// One comma-separated string or a list of strings (each may hold commas too): the entries,
+/// trimmed, in order. Empty entries are kept, to be refused by [`Columns::resolve`].
+fn entries<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let all = match OneOrMany::deserialize(d)? {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
+    };
+    // A trailing comma is no entry (Java's split, which Debezium uses, drops it as well).
+    Ok(all
+        .iter()
+        .flat_map(|s| s.trim_end_matches([',', ' ', '\t']).split(','))
+        .map(|e| e.trim().to_string())
+        .collect())
 }
 
 impl Default for Columns {
@@ -35,6 +62,7 @@ impl Default for Columns {
             payload: None,
             headers: None,
             created_at: None,
+            additional: Vec::new(),
         }
     }
 }
@@ -62,6 +90,107 @@ pub struct ColumnNames {
     /// Also send the event id in header `id`, as Debezium's EventRouter does (its consumers
     /// deduplicate on it); on with the Debezium preset.
     pub id_header: bool,
+    /// A NULL aggregate id or event type is delivered as Debezium's EventRouter delivers it (a
+    /// record with a null key; no `event_type` header) instead of parked; on with the Debezium
+    /// preset. Without it both are required.
+    pub debezium_nulls: bool,
+    /// Columns copied into headers (`[source.columns] additional`), in the configured order.
+    pub additional: Vec<Placement>,
+}
+
+/// One `column:header[:name]` entry of `additional`: the column's value goes into header
+/// `header` as Debezium's `SimpleHeaderConverter` writes it (a NULL as a header without value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub column: String,
+    pub header: Arc<str>,
+}
+
+/// The longest header name accepted from `additional` (Kafka sets no limit; nobody needs more).
+const MAX_HEADER_NAME: usize = 255;
+
+/// Parses and checks the `additional` entries. `id_header`: header `id` is taken.
+fn placements(entries: &[String], id_header: bool) -> Result<Vec<Placement>, SettingError> {
+    let err = |e: &str, why: String| {
+        SettingError(format!(
+            "source.columns.additional entry {e:?}: {why} (the syntax is Debezium's \
+             table.fields.additional.placement: column:header or column:header:name)"
+        ))
+    };
+    let mut out: Vec<Placement> = Vec::with_capacity(entries.len());
+    for e in entries {
+        let parts: Vec<&str> = e.split(':').map(str::trim).collect();
+        let (column, placement, alias) = match parts[..] {
+            [c, p] => (c, p, c),
+            [c, p, a] => (c, p, a),
+            _ if e.is_empty() => return Err(err(e, "empty entry".into())),
+            [_] => return Err(err(e, "no placement".into())),
+            _ => return Err(err(e, "too many parts".into())),
+        };
+        if column.is_empty() || column.len() > 63 || column.chars().any(char::is_control) {
+            return Err(err(
+                e,
+                "the column must be a column name of the outbox table".into(),
+            ));
+        }
+        match placement.to_ascii_lowercase().as_str() {
+            "header" => {}
+            "envelope" => {
+                return Err(err(
+                    e,
+                    "envelope placement is not supported: outboxd's record \
+                value is the payload itself, and what Debezium writes there with an envelope field \
+                (Kafka Connect's Struct text under StringConverter, or a JsonConverter/Avro \
+                structure) is not JSON a consumer reads; place the column in a header instead \
+                (docs/migrating-from-debezium.md)"
+                        .into(),
+                ))
+            }
+            "partition" => {
+                return Err(err(
+                    e,
+                    "partition placement is not supported: outboxd \
+                partitions by the record key, the aggregate id, which keeps each aggregate's \
+                events in order; a partition taken from a column would not survive parking and \
+                an operator's release (docs/migrating-from-debezium.md)"
+                        .into(),
+                ))
+            }
+            other => return Err(err(e, format!("unknown placement {other:?}, use header"))),
+        }
+        let taken = is_reserved_header(alias) || (id_header && alias.eq_ignore_ascii_case("id"));
+        if taken {
+            return Err(err(
+                e,
+                format!(
+                    "header {alias:?} is one outboxd sets itself (event_id, event_type, \
+                     aggregate_type, aggregate_id, aggregate_version, schema_version{}, in any \
+                     letter case): give the header another name, column:header:name",
+                    if id_header { ", id" } else { "" }
+                ),
+            ));
+        }
+        if alias.is_empty() || alias.len() > MAX_HEADER_NAME || alias.chars().any(char::is_control)
+        {
+            return Err(err(
+                e,
+                format!(
+                    "a header name must be 1 to {MAX_HEADER_NAME} bytes without control characters"
+                ),
+            ));
+        }
+        if out.iter().any(|p| p.header.eq_ignore_ascii_case(alias)) {
+            return Err(err(
+                e,
+                format!("header {alias:?} is placed twice (names compare in any letter case)"),
+            ));
+        }
+        out.push(Placement {
+            column: column.to_string(),
+            header: alias.into(),
+        });
+    }
+    Ok(out)
 }
 
 impl Columns {
@@ -80,6 +209,8 @@ impl Columns {
                 headers: Some("headers".into()),
                 created_at: Some("created_at".into()),
                 id_header: false,
+                debezium_nulls: false,
+                additional: Vec::new(),
             },
             Preset::Debezium => ColumnNames {
                 event_id: "id".into(),
@@ -92,6 +223,8 @@ impl Columns {
                 headers: None,
                 created_at: None,
                 id_header: true,
+                debezium_nulls: true,
+                additional: Vec::new(),
             },
         };
         let required = [
@@ -129,6 +262,92 @@ impl Columns {
                 None => {}
             }
         }
+        n.additional = placements(&self.additional, n.id_header)?;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml: &str) -> Result<ColumnNames, String> {
+        let c: Columns = toml::from_str(toml).map_err(|e| e.to_string())?;
+        c.resolve().map_err(|e| e.0)
+    }
+
+    fn headers(n: &ColumnNames) -> Vec<(&str, &str)> {
+        n.additional
+            .iter()
+            .map(|p| (p.column.as_str(), &*p.header))
+            .collect()
+    }
+
+    #[test]
+    fn additional_takes_debeziums_string_or_a_list() {
+        // Pasted from a connector config: one string, spaces and a trailing comma tolerated.
+        let n = parse(
+            "preset = \"debezium\"\nadditional = \"tenant_id:header, type:HEADER:eventType ,tenant_id:header:tenant,\"",
+        )
+        .unwrap();
+        assert_eq!(
+            headers(&n),
+            [
+                ("tenant_id", "tenant_id"),
+                ("type", "eventType"),
+                ("tenant_id", "tenant")
+            ]
+        );
+        let n = parse("additional = [\"tenant_id:header\", \"type:header:eventType\"]").unwrap();
+        assert_eq!(
+            headers(&n),
+            [("tenant_id", "tenant_id"), ("type", "eventType")]
+        );
+        assert!(parse("").unwrap().additional.is_empty());
+        assert!(parse("additional = []").unwrap().additional.is_empty());
+        assert!(parse("additional = 5").is_err());
+    }
+
+    #[test]
+    fn additional_entries_are_checked() {
+        let e = |t: &str| {
+            let v = toml::Value::String(t.to_string());
+            parse(&format!("additional = {v}")).unwrap_err()
+        };
+        assert!(
+            e("tenant_id").contains("no placement"),
+            "{}",
+            e("tenant_id")
+        );
+        assert!(e("a:header,,b:header").contains("empty entry"));
+        assert!(e("a:header:b:c").contains("too many parts"));
+        assert!(e(":header").contains("column name"));
+        assert!(e("a:headers").contains("unknown placement"));
+        // Not supported, each with the reason.
+        let env = e("tenant_id:envelope:tenant");
+        assert!(env.contains("envelope placement is not supported"), "{env}");
+        let part = e("shard:partition");
+        assert!(
+            part.contains("partition placement is not supported"),
+            "{part}"
+        );
+        // Reserved names, in any letter case: the row's identity is outboxd's.
+        for name in ["event_id", "Event_Type", "AGGREGATE_ID", "schema_version"] {
+            let m = e(&format!("x:header:{name}"));
+            assert!(m.contains("outboxd sets itself"), "{m}");
+        }
+        // `id` carries the event id with the Debezium preset; without it the name is free.
+        let m = parse("preset = \"debezium\"\nadditional = \"x:header:ID\"").unwrap_err();
+        assert!(m.contains("schema_version, id,"), "{m}");
+        assert_eq!(
+            headers(&parse("additional = \"x:header:id\"").unwrap()),
+            [("x", "id")]
+        );
+        // Header names: bounded, no control characters, each once.
+        assert!(e("x:header:a\u{1b}b").contains("control characters"));
+        assert!(e(&format!("x:header:{}", "h".repeat(256))).contains("1 to 255 bytes"));
+        assert!(e("a:header:t,b:header:T").contains("placed twice"));
+        // The message names the entry and the syntax, never anything from the database.
+        assert!(e("tenant_id").contains("column:header:name"));
     }
 }

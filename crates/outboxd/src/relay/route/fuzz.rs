@@ -1,7 +1,8 @@
 //! Fuzz harness of the router (issue 15): any row a server could send (NULLs where values
 //! belong, bytes that are not UTF-8, huge values, odd or deeply nested JSON in the headers
-//! column, timestamps of any shape) and any Relation (columns missing, repeated, reordered) is
-//! routed or refused — never a panic. Proptest's default of 256 cases per property suits CI;
+//! column, timestamps of any shape) and any Relation (columns missing, repeated, reordered, of
+//! any of the types a header may come from), with any columns placed in headers, is routed or
+//! refused — never a panic. Proptest's default of 256 cases per property suits CI;
 //! `PROPTEST_CASES=100000` runs long (docs/development.md, "Fuzzing").
 
 use super::{parse_timestamptz_ms, Columns, Preset, RowMapping, TopicTemplate};
@@ -100,12 +101,17 @@ fn timestamp() -> impl Strategy<Value = String> {
         Just("9999-12-31 23:59:60.999999+00".to_string()),
         Just("0000-01-01 00:00:00+00".to_string()),
         Just("262143-12-31 23:59:59+14:59".to_string()),
+        Just("0044-03-15 12:00:00+00 BC".to_string()),
+        Just("10000-01-01 00:00:00.5+00 BC".to_string()),
+        "[0-9]{4,6}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{0,12})?\\+00( BC)?",
         ".{0,32}",
     ]
 }
 
 fn value() -> impl Strategy<Value = V> {
     prop_oneof![
+        1 => prop_oneof![Just("t"), Just("f"), Just("true"), Just("yes")]
+            .prop_map(|s| V::Text(s.as_bytes().to_vec())),
         1 => Just(V::Null),
         1 => Just(V::Unchanged),
         6 => ".{0,24}".prop_map(|s| V::Text(s.into_bytes())),
@@ -123,15 +129,25 @@ fn relation() -> impl Strategy<Value = Relation> {
         3 => Just(NAMES[..13].to_vec()).prop_shuffle(),
         1 => proptest::collection::vec(proptest::sample::select(&NAMES[..]), 0..16),
     ];
-    names.prop_map(|names| Relation {
+    // text, boolean, timestamptz(p), jsonb, numeric (refused in headers).
+    let ty = prop_oneof![
+        4 => Just((25u32, -1i32)),
+        1 => Just((16, -1)),
+        1 => (-1i32..8).prop_map(|p| (1184, p)),
+        1 => Just((3802, -1)),
+        1 => Just((1700, -1)),
+    ];
+    (names, proptest::collection::vec(ty, 16)).prop_map(|(names, types)| Relation {
         id: 1,
         namespace: "public".into(),
         name: "outbox".into(),
         columns: names
             .into_iter()
-            .map(|n| Column {
+            .zip(types)
+            .map(|(n, (type_oid, type_modifier))| Column {
                 name: n.to_string(),
-                type_oid: 25,
+                type_oid,
+                type_modifier,
             })
             .collect(),
     })
@@ -157,8 +173,14 @@ proptest! {
             (Just(rel), proptest::collection::vec(value(), n.saturating_sub(1)..=n + 1))
         }),
         template in template(),
+        placed in proptest::collection::vec(proptest::sample::select(&NAMES[..13]), 0..4),
     ) {
-        let names = Columns { preset, ..Columns::default() }.resolve().unwrap();
+        let additional = placed
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c}:header:h{i}"))
+            .collect();
+        let names = Columns { preset, additional, ..Columns::default() }.resolve().unwrap();
         let mut missing = Vec::new();
         let Ok(mapping) = RowMapping::resolve(&names, &rel, &mut missing) else {
             return Ok(());
@@ -180,15 +202,19 @@ proptest! {
             }
         };
         let mut headers = 0usize;
-        match event.for_each_header(|_, _| headers += 1) {
-            Ok(()) => prop_assert!(headers >= 4),
+        let sent = event.for_each_header(|_, _| headers += 1);
+        match &sent {
+            // event_id and aggregate_type always; event_type and aggregate_id unless NULL.
+            Ok(()) => prop_assert!(headers >= 2 + placed.len()),
             Err(e) => { let _ = (e.to_string(), e.class()); }
         }
         let mut topic = String::new();
-        if let Ok(t) = TopicTemplate::parse(&template) {
-            t.render(&event, &mut topic);
+        let routed = TopicTemplate::parse(&template)
+            .is_ok_and(|t| t.render(&event, &mut topic).is_ok());
+        let rec = event.parked_record(routed.then_some(topic.as_str()));
+        if sent.is_ok() {
+            prop_assert_eq!(rec.headers.len(), headers, "parked as it would be sent");
         }
-        let rec = event.parked_record(&topic);
         prop_assert_eq!(rec.event_id.as_str(), event.event_id);
         prop_assert!(event.size() >= event.payload.len());
     }
@@ -198,8 +224,8 @@ proptest! {
         let e = super::Event {
             event_id: "e",
             aggregate_type: "a",
-            aggregate_id: "1",
-            event_type: "T",
+            aggregate_id: Some("1"),
+            event_type: Some("T"),
             payload: b"{}",
             tombstone: false,
             aggregate_version: None,
@@ -207,9 +233,10 @@ proptest! {
             headers: Some(&headers),
             created_at_ms: None,
             id_header: true,
+            additional: vec![("tenant".into(), None), ("Traceparent".into(), Some("x".into()))],
         };
         let _ = e.for_each_header(|_, _| {});
-        let _ = e.parked_record("t");
+        let _ = e.parked_record(Some("t"));
     }
 
     #[test]

@@ -4,12 +4,20 @@
 //! so a schema change mid-stream is picked up, and a required column that disappears is a
 //! definite error raised before anything past it is produced or confirmed.
 
+mod additional;
 mod columns;
 pub(crate) mod release;
+mod time;
+mod topic;
 
 use crate::relay::pgoutput::{Relation, Value};
+use additional::Render;
 pub use columns::{ColumnNames, Columns, Preset};
+use std::borrow::Cow;
+use std::sync::Arc;
 use thiserror::Error;
+pub use time::parse_timestamptz_ms;
+pub use topic::TopicTemplate;
 
 /// A routing setting that cannot work (the topic template, the column names); the message names
 /// the setting and the fix.
@@ -42,8 +50,20 @@ pub enum RouteError {
     BinaryPayload { table: String, column: String },
     /// A row may not set a header the relay derives from its columns: consumers deduplicate
     /// and order by them, so a spoofed `event_id` or `aggregate_version` would defeat both.
-    #[error("headers column sets `{0}`, which outboxd derives from the row's columns ({RESERVED}); a row may not override the event's identity: rename the header")]
+    #[error("headers column sets `{0}`, which outboxd derives from the row's columns ({RESERVED}, and the headers of source.columns.additional); a row may not override them: rename the header")]
     ReservedHeader(String),
+    /// A column of `[source.columns] additional` whose type Debezium renders as something
+    /// outboxd does not reproduce: refused when the schema arrives, not sent differently.
+    #[error("column `{column}` of {table} is {type_name}; source.columns.additional places only {} in headers (as Debezium writes them): remove the entry or change the column's type", additional::SUPPORTED)]
+    UnsupportedHeaderColumn {
+        table: String,
+        column: String,
+        type_name: String,
+    },
+    /// The text of a placed column is not what Postgres writes for its type (never quoted:
+    /// the value may be personal data).
+    #[error("column `{column}` (header `{header}`) holds text that is not Postgres's output for its type; the header cannot be written as Debezium writes it")]
+    BadHeaderValue { column: String, header: String },
 }
 
 /// The header names outboxd sets itself, from the row's columns: the wire contract, the same
@@ -78,7 +98,9 @@ impl RouteError {
             | Self::BadHeaders(_)
             | Self::EventIdNotUuid
             | Self::PayloadNotJson(_)
-            | Self::BinaryPayload { .. } => "invalid_event",
+            | Self::BinaryPayload { .. }
+            | Self::UnsupportedHeaderColumn { .. }
+            | Self::BadHeaderValue { .. } => "invalid_event",
         }
     }
 }
@@ -99,6 +121,19 @@ pub struct RowMapping {
     payload_unchecked: bool,
     /// Send header `id` too (see [`ColumnNames::id_header`]).
     id_header: bool,
+    /// A NULL aggregate id or event type is allowed (see [`ColumnNames::debezium_nulls`]).
+    debezium_nulls: bool,
+    /// Columns placed into headers, in the configured order.
+    additional: Vec<Placed>,
+}
+
+/// One column of `[source.columns] additional`, resolved against the Relation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Placed {
+    index: usize,
+    column: String,
+    header: Arc<str>,
+    render: Render,
 }
 
 /// Postgres type OIDs of the payload column that matter here.
@@ -145,17 +180,42 @@ impl RowMapping {
                 p
             }
         };
+        let table = || format!("{}.{}", rel.namespace, rel.name);
+        let additional = names
+            .additional
+            .iter()
+            .map(|p| {
+                let index = req(&p.column, "additional")?;
+                let col = &rel.columns[index];
+                let render =
+                    Render::for_type(col.type_oid, col.type_modifier).ok_or_else(|| {
+                        RouteError::UnsupportedHeaderColumn {
+                            table: table(),
+                            column: p.column.clone(),
+                            type_name: additional::type_name(col.type_oid).into_owned(),
+                        }
+                    })?;
+                Ok(Placed {
+                    index,
+                    column: p.column.clone(),
+                    header: p.header.clone(),
+                    render,
+                })
+            })
+            .collect::<Result<Vec<_>, RouteError>>()?;
         let payload = req(&names.payload, "payload")?;
         let payload_type = rel.columns[payload].type_oid;
         if payload_type == BYTEA_OID {
             return Err(RouteError::BinaryPayload {
-                table: format!("{}.{}", rel.namespace, rel.name),
+                table: table(),
                 column: names.payload.clone(),
             });
         }
         Ok(Self {
             payload_unchecked: payload_type != JSON_OID && payload_type != JSONB_OID,
             id_header: names.id_header,
+            debezium_nulls: names.debezium_nulls,
+            additional,
             event_id: req(&names.event_id, "event_id")?,
             aggregate_type: req(&names.aggregate_type, "aggregate_type")?,
             aggregate_id: req(&names.aggregate_id, "aggregate_id")?,
@@ -181,6 +241,11 @@ impl RowMapping {
             Some(i) if matches!(vals.get(i), Some(Value::Text(_))) => text(i, f).map(Some),
             _ => Ok(None),
         };
+        // NULL where Debezium's EventRouter needs no value (the key, the unused type).
+        let nullable = |i: usize, f: &'static str| match vals.get(i) {
+            Some(Value::Null) if self.debezium_nulls => Ok(None),
+            _ => text(i, f).map(Some),
+        };
         let event_id = text(self.event_id, "event_id")?;
         if !is_uuid(event_id) {
             return Err(RouteError::EventIdNotUuid);
@@ -194,11 +259,29 @@ impl RowMapping {
             serde_json::from_slice::<serde::de::IgnoredAny>(p)
                 .map_err(|e| RouteError::PayloadNotJson(e.to_string()))?;
         }
+        let additional = self
+            .additional
+            .iter()
+            .map(|p| {
+                let value = match vals.get(p.index) {
+                    Some(Value::Text(t)) => {
+                        let bad = || RouteError::BadHeaderValue {
+                            column: p.column.clone(),
+                            header: p.header.to_string(),
+                        };
+                        let t = std::str::from_utf8(t).map_err(|_| bad())?;
+                        Some(p.render.apply(t).ok_or_else(bad)?)
+                    }
+                    _ => None,
+                };
+                Ok((p.header.clone(), value))
+            })
+            .collect::<Result<_, RouteError>>()?;
         Ok(Event {
             event_id,
             aggregate_type: text(self.aggregate_type, "aggregate_type")?,
-            aggregate_id: text(self.aggregate_id, "aggregate_id")?,
-            event_type: text(self.event_type, "event_type")?,
+            aggregate_id: nullable(self.aggregate_id, "aggregate_id")?,
+            event_type: nullable(self.event_type, "event_type")?,
             payload: payload.unwrap_or_default(),
             tombstone: payload.is_none(),
             aggregate_version: opt_text(self.aggregate_version, "aggregate_version")?,
@@ -206,6 +289,7 @@ impl RowMapping {
             headers: opt_text(self.headers, "headers")?,
             created_at_ms: opt_text(self.created_at, "created_at")?.and_then(parse_timestamptz_ms),
             id_header: self.id_header,
+            additional,
         })
     }
 }
@@ -242,8 +326,10 @@ impl RowMapping {
 pub struct Event<'a> {
     pub event_id: &'a str,
     pub aggregate_type: &'a str,
-    pub aggregate_id: &'a str,
-    pub event_type: &'a str,
+    /// `None`: NULL, allowed with the Debezium preset only (a record with a null key).
+    pub aggregate_id: Option<&'a str>,
+    /// `None`: NULL, allowed with the Debezium preset only (no `event_type` header).
+    pub event_type: Option<&'a str>,
     /// Empty for a tombstone.
     pub payload: &'a [u8],
     /// The payload is NULL: the record carries no value (a tombstone).
@@ -255,59 +341,88 @@ pub struct Event<'a> {
     pub created_at_ms: Option<i64>,
     /// Also send the event id in header `id` (Debezium's consumers deduplicate on it).
     pub id_header: bool,
+    /// Headers from `[source.columns] additional`, in order: name and text (`None`: NULL, a
+    /// header without a value).
+    pub additional: Vec<(Arc<str>, Option<Cow<'a, str>>)>,
 }
 
 impl Event<'_> {
-    /// The record exactly as it is produced to `topic`, to park it.
-    pub fn parked_record(&self, topic: &str) -> crate::poison::record::ParkedRecord {
+    /// The event type, `""` for a NULL one: the key of policies, metrics and schemas.
+    pub fn type_or_empty(&self) -> &str {
+        self.event_type.unwrap_or("")
+    }
+
+    /// The record exactly as it is produced to `topic` (`None`: it cannot be routed), to park it.
+    pub fn parked_record(&self, topic: Option<&str>) -> crate::poison::record::ParkedRecord {
         let mut headers = Vec::new();
         let _ = self.for_each_header(|k, v| {
-            headers.push((k.to_string(), String::from_utf8_lossy(v).into_owned()))
+            headers.push((
+                k.to_string(),
+                v.map(|v| String::from_utf8_lossy(v).into_owned()),
+            ))
         });
         crate::poison::record::ParkedRecord {
             event_id: self.event_id.to_string(),
             aggregate_type: Some(self.aggregate_type.to_string()),
-            aggregate_id: Some(self.aggregate_id.to_string()),
+            aggregate_id: self.aggregate_id.map(str::to_string),
             aggregate_version: self.aggregate_version.and_then(|v| v.parse().ok()),
-            event_type: Some(self.event_type.to_string()),
-            topic: Some(topic.to_string()),
-            key: Some(self.aggregate_id.as_bytes().to_vec()),
+            event_type: self.event_type.map(str::to_string),
+            topic: topic.map(str::to_string),
+            key: self.aggregate_id.map(|a| a.as_bytes().to_vec()),
             payload: (!self.tombstone).then(|| self.payload.to_vec()),
             headers,
             timestamp_ms: self.created_at_ms,
         }
     }
 
-    /// Kafka headers in a fixed order: the event's identity first, then the row's extra headers.
-    /// Calls `f(name, value)` for each; the extra headers are parsed only when present.
-    pub fn for_each_header(&self, mut f: impl FnMut(&str, &[u8])) -> Result<(), RouteError> {
-        f("event_id", self.event_id.as_bytes());
-        f("event_type", self.event_type.as_bytes());
-        f("aggregate_type", self.aggregate_type.as_bytes());
-        f("aggregate_id", self.aggregate_id.as_bytes());
+    /// Kafka headers in a fixed order: the event's identity first (`event_type` and
+    /// `aggregate_id` only when not NULL), `id` with the Debezium preset, the placed columns
+    /// (as Debezium orders them: after `id`), then the row's extra headers. Calls
+    /// `f(name, value)` for each (`None`: a header without a value, a NULL placed column); the
+    /// extra headers are parsed only when present.
+    pub fn for_each_header(
+        &self,
+        mut f: impl FnMut(&str, Option<&[u8]>),
+    ) -> Result<(), RouteError> {
+        f("event_id", Some(self.event_id.as_bytes()));
+        if let Some(t) = self.event_type {
+            f("event_type", Some(t.as_bytes()));
+        }
+        f("aggregate_type", Some(self.aggregate_type.as_bytes()));
+        if let Some(a) = self.aggregate_id {
+            f("aggregate_id", Some(a.as_bytes()));
+        }
         if let Some(v) = self.aggregate_version {
-            f("aggregate_version", v.as_bytes());
+            f("aggregate_version", Some(v.as_bytes()));
         }
         if let Some(v) = self.schema_version {
-            f("schema_version", v.as_bytes());
+            f("schema_version", Some(v.as_bytes()));
         }
         if self.id_header {
-            f("id", self.event_id.as_bytes());
+            f("id", Some(self.event_id.as_bytes()));
+        }
+        for (k, v) in &self.additional {
+            f(k, v.as_deref().map(str::as_bytes));
         }
         if let Some(h) = self.headers {
             let map: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(h).map_err(|e| RouteError::BadHeaders(e.to_string()))?;
             let taken = |k: &String| {
-                is_reserved_header(k) || (self.id_header && k.eq_ignore_ascii_case("id"))
+                is_reserved_header(k)
+                    || (self.id_header && k.eq_ignore_ascii_case("id"))
+                    || self
+                        .additional
+                        .iter()
+                        .any(|(a, _)| a.eq_ignore_ascii_case(k))
             };
             if let Some(k) = map.keys().find(|k| taken(k)) {
                 return Err(RouteError::ReservedHeader(k.clone()));
             }
             for (k, v) in &map {
                 match v {
-                    serde_json::Value::String(s) => f(k, s.as_bytes()),
+                    serde_json::Value::String(s) => f(k, Some(s.as_bytes())),
                     serde_json::Value::Null => {}
-                    other => f(k, other.to_string().as_bytes()),
+                    other => f(k, Some(other.to_string().as_bytes())),
                 }
             }
         }
@@ -316,149 +431,19 @@ impl Event<'_> {
 
     /// Approximate bytes this record holds in the producer (for the in-flight byte bound).
     pub fn size(&self) -> usize {
+        let additional: usize = self
+            .additional
+            .iter()
+            .map(|(k, v)| k.len() + v.as_ref().map_or(0, |v| v.len()) + 8)
+            .sum();
         self.payload.len()
-            + self.aggregate_id.len() * 2
+            + self.aggregate_id.map_or(0, str::len) * 2
             + self.event_id.len()
-            + self.event_type.len()
+            + self.event_type.map_or(0, str::len)
             + self.aggregate_type.len()
             + self.headers.map_or(0, str::len)
+            + additional
             + 64
-    }
-}
-
-/// Parses Postgres `timestamptz` text output (ISO DateStyle, which the replication session
-/// pins) to epoch milliseconds. `infinity` and anything unparseable yield `None`.
-pub fn parse_timestamptz_ms(s: &str) -> Option<i64> {
-    parse_iso_fast(s.as_bytes()).or_else(|| {
-        chrono::DateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f%#z")
-            .ok()
-            .map(|d| d.timestamp_millis())
-    })
-}
-
-/// The hot path: `YYYY-MM-DD HH:MM:SS[.ffffff]+00` exactly as the pinned session renders it
-/// (chrono re-parses its format string on every call, ~12% of the relay's instructions).
-fn parse_iso_fast(b: &[u8]) -> Option<i64> {
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let d = b.get(r)?;
-        d.iter().try_fold(0i64, |acc, c| {
-            c.is_ascii_digit().then(|| acc * 10 + i64::from(c - b'0'))
-        })
-    };
-    if b.len() < 22
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || b[10] != b' '
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return None;
-    }
-    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (h, mi, sec) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let mut i = 19;
-    let mut ms = 0i64;
-    if b[i] == b'.' {
-        let start = i + 1;
-        i = start;
-        while i < b.len() && b[i].is_ascii_digit() {
-            i += 1;
-        }
-        let frac = &b[start..i];
-        for k in 0..3 {
-            ms = ms * 10 + frac.get(k).map_or(0, |c| i64::from(c - b'0'));
-        }
-    }
-    if &b[i..] != b"+00" {
-        return None; // another offset or format: the general parser handles it
-    }
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
-        return None;
-    }
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if mo <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 24 + h) * 60 + mi) * 60_000 + sec * 1000 + ms)
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Lit(String),
-    AggregateType,
-    EventType,
-}
-
-/// A topic name template: `outbox.event.{aggregate_type}`; placeholders `{aggregate_type}`,
-/// `{event_type}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TopicTemplate(Vec<Part>);
-
-impl TopicTemplate {
-    pub fn parse(t: &str) -> Result<Self, SettingError> {
-        let mut parts = Vec::new();
-        let mut rest = t;
-        while let Some(open) = rest.find('{') {
-            if open > 0 {
-                parts.push(Part::Lit(rest[..open].to_string()));
-            }
-            let close = rest[open..]
-                .find('}')
-                .ok_or_else(|| SettingError(format!("sink.topic {t:?}: unclosed `{{`")))?
-                + open;
-            parts.push(match &rest[open + 1..close] {
-                "aggregate_type" => Part::AggregateType,
-                "event_type" => Part::EventType,
-                other => {
-                    return Err(SettingError(format!(
-                        "sink.topic {t:?}: unknown placeholder {{{other}}} (use {{aggregate_type}} or {{event_type}})"
-                    )))
-                }
-            });
-            rest = &rest[close + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Lit(rest.to_string()));
-        }
-        if parts.is_empty() {
-            return Err(SettingError("sink.topic is empty".into()));
-        }
-        Ok(Self(parts))
-    }
-
-    /// Renders into `out` (cleared first) so the hot path reuses one buffer.
-    /// The fixed text before the first placeholder (the whole name when there is none), and
-    /// whether the template has placeholders.
-    pub fn prefix(&self) -> (String, bool) {
-        let mut prefix = String::new();
-        for p in &self.0 {
-            match p {
-                Part::Lit(s) => prefix.push_str(s),
-                Part::AggregateType | Part::EventType => return (prefix, true),
-            }
-        }
-        (prefix, false)
-    }
-
-    pub fn render(&self, e: &Event<'_>, out: &mut String) {
-        self.render_for(e.aggregate_type, e.event_type, out);
-    }
-
-    /// The topic of an event of these types (a topic depends on nothing else): what `replay`'s
-    /// dry run shows without building every record.
-    pub fn render_for(&self, aggregate_type: &str, event_type: &str, out: &mut String) {
-        out.clear();
-        for p in &self.0 {
-            out.push_str(match p {
-                Part::Lit(s) => s,
-                Part::AggregateType => aggregate_type,
-                Part::EventType => event_type,
-            });
-        }
     }
 }
 
@@ -469,6 +454,7 @@ mod fuzz;
 mod tests {
     use super::*;
     use crate::relay::pgoutput::Column;
+    use crate::relay::route::Preset;
 
     fn rel(cols: &[&str]) -> Relation {
         Relation {
@@ -480,6 +466,7 @@ mod tests {
                 .map(|c| Column {
                     name: c.to_string(),
                     type_oid: 25,
+                    type_modifier: -1,
                 })
                 .collect(),
         }
@@ -516,8 +503,13 @@ mod tests {
         assert_eq!(e.aggregate_version, Some("3"));
         assert_eq!(e.created_at_ms, Some(1_796_212_800_123));
         let mut hs = Vec::new();
-        e.for_each_header(|k, v| hs.push((k.to_string(), String::from_utf8(v.to_vec()).unwrap())))
-            .unwrap();
+        e.for_each_header(|k, v| {
+            hs.push((
+                k.to_string(),
+                String::from_utf8(v.unwrap().to_vec()).unwrap(),
+            ))
+        })
+        .unwrap();
         let names: Vec<&str> = hs.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
             names,
@@ -535,7 +527,7 @@ mod tests {
         assert_eq!(hs[6].1, "5");
         let t = TopicTemplate::parse("outbox.event.{aggregate_type}").unwrap();
         let mut s = String::new();
-        t.render(&e, &mut s);
+        t.render(&e, &mut s).unwrap();
         assert_eq!(s, "outbox.event.order");
     }
 
@@ -575,6 +567,174 @@ mod tests {
     }
 
     #[test]
+    fn debezium_preset_sends_null_keys_and_types_outboxd_parks_them() {
+        let dbz = Columns {
+            preset: Preset::Debezium,
+            ..Columns::default()
+        }
+        .resolve()
+        .unwrap();
+        let r = rel(&["id", "aggregatetype", "aggregateid", "type", "payload"]);
+        let m = RowMapping::resolve(&dbz, &r, &mut vec![]).unwrap();
+        let vals = [
+            Value::Text(b"0193a5e2-7c1d-7000-8000-000000000001"),
+            Value::Text(b"order"),
+            Value::Null,
+            Value::Null,
+            Value::Text(b"{}"),
+        ];
+        let e = m.event(&vals).unwrap();
+        assert_eq!((e.aggregate_id, e.event_type), (None, None));
+        let mut names = Vec::new();
+        e.for_each_header(|k, _| names.push(k.to_string())).unwrap();
+        assert_eq!(names, ["event_id", "aggregate_type", "id"]);
+        assert_eq!(
+            e.parked_record(None).key,
+            None,
+            "a null key, not an empty one"
+        );
+        // A NULL aggregate type is never routed (Debezium stops on it).
+        let mut no_type = vals;
+        no_type[1] = Value::Null;
+        assert_eq!(
+            m.event(&no_type).unwrap_err(),
+            RouteError::NullField("aggregate_type")
+        );
+        // `{event_type}` in the topic template needs the type.
+        let mut topic = String::new();
+        let t = TopicTemplate::parse("events.{event_type}").unwrap();
+        assert_eq!(
+            t.render(&e, &mut topic).unwrap_err(),
+            RouteError::NullField("event_type")
+        );
+        // The outboxd preset requires both (the inbox reads them).
+        let ours = Columns::default().resolve().unwrap();
+        let m = RowMapping::resolve(&ours, &rel(ALL), &mut vec![]).unwrap();
+        let mut vals = vec![Value::Text(b"x"); 9];
+        vals[0] = Value::Text(b"0193a5e2-7c1d-7000-8000-000000000001");
+        vals[6] = Value::Text(b"{}");
+        vals[4] = Value::Null;
+        assert_eq!(
+            m.event(&vals).unwrap_err(),
+            RouteError::NullField("event_type")
+        );
+    }
+
+    #[test]
+    fn placed_columns_become_headers_as_debezium_writes_them() {
+        let names = Columns {
+            preset: Preset::Debezium,
+            additional: vec![
+                "tenant:header".into(),
+                "type:header:eventType".into(),
+                "urgent:header".into(),
+                "at:header:occurredAt".into(),
+                "note:header".into(),
+            ],
+            ..Columns::default()
+        }
+        .resolve()
+        .unwrap();
+        let mut r = rel(&[
+            "id",
+            "aggregatetype",
+            "aggregateid",
+            "type",
+            "payload",
+            "tenant",
+            "urgent",
+            "at",
+            "note",
+        ]);
+        r.columns[6].type_oid = 16; // boolean
+        r.columns[7].type_oid = 1184; // timestamptz(3)
+        r.columns[7].type_modifier = 3;
+        let m = RowMapping::resolve(&names, &r, &mut vec![]).unwrap();
+        let vals = [
+            Value::Text(b"0193a5e2-7c1d-7000-8000-000000000001"),
+            Value::Text(b"order"),
+            Value::Text(b"o-1"),
+            Value::Text(b"OrderPlaced"),
+            Value::Text(b"{}"),
+            Value::Text(b"acme"),
+            Value::Text(b"t"),
+            Value::Text(b"2024-01-02 03:04:05.12+00"),
+            Value::Null,
+        ];
+        let e = m.event(&vals).unwrap();
+        let mut hs = Vec::new();
+        e.for_each_header(|k, v| hs.push((k.to_string(), v.map(|v| v.to_vec()))))
+            .unwrap();
+        let placed: Vec<(&str, Option<&[u8]>)> = hs[5..]
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_deref()))
+            .collect();
+        assert_eq!(
+            hs[4].0, "id",
+            "placed headers follow id, as Debezium orders them"
+        );
+        assert_eq!(
+            placed,
+            [
+                ("tenant", Some(&b"acme"[..])),
+                ("eventType", Some(&b"OrderPlaced"[..])),
+                ("urgent", Some(&b"true"[..])),
+                ("occurredAt", Some(&b"2024-01-02T03:04:05.120Z"[..])),
+                ("note", None),
+            ]
+        );
+        // Parked as sent, the NULL one included.
+        let rec = e.parked_record(Some("t"));
+        assert_eq!(rec.headers.last(), Some(&("note".to_string(), None)));
+        // A value that is not what Postgres writes for the type: named, never quoted.
+        let mut bad = vals;
+        bad[7] = Value::Text(b"secret-ish 2024");
+        let err = m.event(&bad).unwrap_err();
+        assert_eq!(err.class(), "invalid_event");
+        assert!(
+            err.to_string().contains("`at` (header `occurredAt`)"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("secret"), "{err}");
+        // A type Debezium renders otherwise is refused with the schema, naming the column.
+        r.columns[8].type_oid = 1700;
+        let err = RowMapping::resolve(&names, &r, &mut vec![]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`note` of public.outbox is numeric"),
+            "{err}"
+        );
+        // So is a placed column the table lacks (Debezium's error.on.missing default).
+        let r = rel(&["id", "aggregatetype", "aggregateid", "type", "payload"]);
+        let err = RowMapping::resolve(&names, &r, &mut vec![]).unwrap_err();
+        assert!(
+            err.to_string().contains("source.columns.additional"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_row_header_may_not_shadow_a_placed_one() {
+        let names = Columns {
+            additional: vec!["tenant:header".into()],
+            ..Columns::default()
+        }
+        .resolve()
+        .unwrap();
+        let mut cols = ALL.to_vec();
+        cols.push("tenant");
+        let m = RowMapping::resolve(&names, &rel(&cols), &mut vec![]).unwrap();
+        let mut vals = vec![Value::Text(b"1"); 10];
+        vals[0] = Value::Text(b"0193a5e2-7c1d-7000-8000-000000000001");
+        vals[6] = Value::Text(b"{}");
+        vals[7] = Value::Text(b"{\"Tenant\": \"spoofed\"}");
+        let e = m.event(&vals).unwrap();
+        let err = e.for_each_header(|_, _| {}).unwrap_err();
+        assert_eq!(err, RouteError::ReservedHeader("Tenant".into()));
+        assert_eq!(err.class(), "reserved_header");
+    }
+
+    #[test]
     fn what_the_stream_may_carry() {
         let names = Columns::default().resolve().unwrap();
         let m = RowMapping::resolve(&names, &rel(ALL), &mut vec![]).unwrap();
@@ -597,35 +757,5 @@ mod tests {
             Err(RouteError::BinaryPayload { .. })
         ));
         assert!(!is_uuid("") && !is_uuid("0193a5e2+7c1d-7000-8000-000000000001"));
-    }
-
-    #[test]
-    fn templates() {
-        assert!(TopicTemplate::parse("a.{event_type}.b").is_ok());
-        assert!(TopicTemplate::parse("a.{x}").is_err());
-        assert!(TopicTemplate::parse("a.{aggregate_type").is_err());
-        assert!(TopicTemplate::parse("").is_err());
-        assert_eq!(parse_timestamptz_ms("infinity"), None);
-        assert_eq!(parse_timestamptz_ms("1970-01-01 00:00:01+00"), Some(1000));
-        assert_eq!(parse_timestamptz_ms("1970-01-01 01:00:01+01"), Some(1000));
-        assert_eq!(
-            parse_timestamptz_ms("2024-02-29 23:59:59.999+00"),
-            Some(1_709_251_199_999)
-        );
-        assert_eq!(parse_timestamptz_ms("1969-12-31 23:59:59.5+00"), Some(-500));
-    }
-
-    proptest::proptest! {
-        /// The fast path agrees with chrono on every instant it accepts.
-        #[test]
-        fn fast_timestamp_parser_matches_chrono(ms in -2_000_000_000_000i64..4_000_000_000_000i64, micros in 0u32..1000) {
-            let t = chrono::DateTime::from_timestamp_millis(ms).unwrap();
-            let text = format!("{}{:03}+00", t.format("%Y-%m-%d %H:%M:%S%.3f"), micros);
-            let slow = chrono::DateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f%#z").unwrap().timestamp_millis();
-            proptest::prop_assert_eq!(parse_iso_fast(text.as_bytes()), Some(slow));
-            let whole = format!("{}+00", t.format("%Y-%m-%d %H:%M:%S"));
-            let slow = chrono::DateTime::parse_from_str(&whole, "%Y-%m-%d %H:%M:%S%#z").unwrap().timestamp_millis();
-            proptest::prop_assert_eq!(parse_iso_fast(whole.as_bytes()), Some(slow));
-        }
     }
 }

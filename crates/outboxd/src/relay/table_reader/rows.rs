@@ -210,7 +210,8 @@ pub async fn relation(
     let (schema, table) = cfg.table_name();
     let rows = client
         .query(
-            "SELECT c.oid, a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod) \
+            "SELECT c.oid, a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod), \
+                    a.atttypmod \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              JOIN pg_attribute a ON a.attrelid = c.oid \
              WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
@@ -231,6 +232,7 @@ pub async fn relation(
             .map(|r| Column {
                 name: r.get(1),
                 type_oid: r.get(2),
+                type_modifier: r.get(4),
             })
             .collect(),
     };
