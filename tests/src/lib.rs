@@ -34,7 +34,7 @@ pub mod reliability;
 pub mod replay;
 
 pub use env::{Env, Relay};
-pub use http::http_get;
+pub use http::{http_get, http_get_10};
 pub use kafka::{
     create_topic_on_port, create_topics, read_topic, reader_config, scan_topic, Record,
 };

@@ -9,7 +9,6 @@
 
 use outboxd_tests::testkit::{die_with_parent, free_port, workspace_root};
 use outboxd_tests::*;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -158,15 +157,11 @@ impl Prometheus {
         Self { child, addr }
     }
 
-    /// GET over HTTP/1.0, so the body is never chunked.
+    /// A JSON answer of the HTTP API.
     fn get(&self, path_and_query: &str) -> Option<serde_json::Value> {
-        let mut s = std::net::TcpStream::connect(&self.addr).ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(s, "GET {path_and_query} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-        let mut buf = String::new();
-        s.read_to_string(&mut buf).ok()?;
-        let (_, body) = buf.split_once("\r\n\r\n")?;
-        serde_json::from_str(body).ok()
+        let (status, body) = http_get_10(&self.addr, path_and_query);
+        (status == 200).then_some(())?;
+        serde_json::from_str(&body).ok()
     }
 
     /// The value of a PromQL query that returns one sample.

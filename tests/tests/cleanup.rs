@@ -53,15 +53,11 @@ async fn mark_recorded(env: &Env) -> anyhow::Result<()> {
 
 /// Writes the env's config with `[cleanup]` = `cleanup` and a recovery window of 1 h (rows of
 /// the tests are hours old); returns the file and its text.
-fn write_config(
-    env: &mut Env,
-    window: &str,
-    cleanup: &str,
-) -> anyhow::Result<(std::path::PathBuf, String)> {
+fn write_config(env: &mut Env, cleanup: &str) -> anyhow::Result<(std::path::PathBuf, String)> {
     env.extra_toml = format!("[cleanup]\n{cleanup}");
     let toml = env.toml().replace(
         "[source]\n",
-        &format!("[source]\nrecovery_window = \"{window}\"\nstate_interval_ms = 200\n"),
+        "[source]\nrecovery_window = \"1h\"\nstate_interval_ms = 200\n",
     );
     let cfg = env.dir.path().join("outboxd.toml");
     std::fs::write(&cfg, &toml)?;
@@ -74,7 +70,6 @@ async fn cleanup_deletes_only_delivered_rows_outside_the_window_in_capped_batche
     let mut env = Env::start("cleanup_rows").await?;
     let (cfg, toml) = write_config(
         &mut env,
-        "1h",
         "retention = \"1h\"\nbatch_size = 50\nmax_rows_per_run = 120\npause_ms = 0\n",
     )?;
     let c = env.sql().await?;
@@ -213,7 +208,7 @@ async fn cleanup_deletes_only_delivered_rows_outside_the_window_in_capped_batche
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cleanup_loop_runs_inside_the_relay() -> anyhow::Result<()> {
     let mut env = Env::start("cleanup_loop").await?;
-    let (cfg, _) = write_config(&mut env, "1h", "retention = \"1h\"\nevery = \"1s\"\n")?;
+    let (cfg, _) = write_config(&mut env, "retention = \"1h\"\nevery = \"1s\"\n")?;
     let c = env.sql().await?;
     insert_aged(&c, "old", 1, 50, "3 hours").await?;
     insert_aged(&c, "new", 1, 5, "0 seconds").await?;
@@ -247,7 +242,7 @@ async fn a_partitioned_outbox_streams_across_partition_changes_and_drops_old_day
            FOR VALUES FROM (now() - interval '10 days') TO (now() - interval '9 days')",
     )
     .await?;
-    let (cfg, _) = write_config(&mut env, "1h", "retention = \"1d\"\n")?;
+    let (cfg, _) = write_config(&mut env, "retention = \"1d\"\n")?;
     create_topics(&env.bootstrap(), &["outbox.event.acct"], 1).await?;
     let log = env.dir.path().join("relay.log");
     let mut relay = RelayProcess::spawn(&cfg, log.clone())?;
