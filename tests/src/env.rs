@@ -171,6 +171,16 @@ max_backoff_ms = 1000
     }
 
     /// Current WAL insert position.
+    /// Waits (up to `timeout`) until the slot is confirmed past the server's current WAL
+    /// position: everything committed so far was acknowledged and confirmed.
+    pub async fn confirmed_past_now(&self, timeout: std::time::Duration) -> Result<()> {
+        let target = self.current_lsn().await?;
+        crate::eventually(timeout, || async {
+            Ok(self.confirmed_lsn().await? >= target)
+        })
+        .await
+    }
+
     pub async fn current_lsn(&self) -> Result<u64> {
         let c = self.sql().await?;
         let row = c

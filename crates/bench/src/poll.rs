@@ -2,7 +2,7 @@
 //!
 //! One worker (more would break per-aggregate order, which outboxd keeps) repeats: in one
 //! transaction, `SELECT … FOR UPDATE SKIP LOCKED` a batch of unsent rows through a partial index,
-//! produce every row (idempotent producer, `acks=all`, the same linger as outboxd), wait for every
+//! produce every row (idempotent producer, `acks=all`, librdkafka's default linger), wait for every
 //! acknowledgement, mark the batch sent, commit. Durability equals outboxd's: a row is marked sent
 //! only after the broker acknowledged it.
 

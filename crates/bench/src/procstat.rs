@@ -182,10 +182,22 @@ pub fn tail(path: &Path, lines: usize) -> String {
     v[v.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Per-thread CPU (user/system seconds) and context switches of `pid`, one line per thread
-/// (diagnostics: which thread of a relay spends what, and how often threads hand off work).
-pub fn threads(pid: u32) -> String {
-    let mut out = String::new();
+/// One thread's counters: name, user and system seconds, voluntary and involuntary context
+/// switches.
+#[derive(Debug, Clone)]
+pub struct ThreadSnap {
+    pub tid: String,
+    pub name: String,
+    pub user: f64,
+    pub sys: f64,
+    pub vol: u64,
+    pub invol: u64,
+}
+
+/// Every thread of `pid` (diagnostics: which thread of a relay spends what, and how often
+/// threads hand off work).
+pub fn thread_snaps(pid: u32) -> Vec<ThreadSnap> {
+    let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return out;
     };
@@ -212,12 +224,46 @@ pub fn threads(pid: u32) -> String {
                 .unwrap_or("0")
                 .to_string()
         };
+        out.push(ThreadSnap {
+            tid: t.file_name().to_string_lossy().into_owned(),
+            name: name.to_string(),
+            user: ticks(11),
+            sys: ticks(12),
+            vol: field("voluntary_ctxt_switches").parse().unwrap_or(0),
+            invol: field("nonvoluntary_ctxt_switches").parse().unwrap_or(0),
+        });
+    }
+    out
+}
+
+/// Per-thread CPU (user/system seconds) and context switches of `pid`, one line per thread.
+pub fn threads(pid: u32) -> String {
+    thread_snaps(pid)
+        .iter()
+        .map(|t| {
+            format!(
+                "  {:<18} user {:>6.2} s  sys {:>6.2} s  ctxsw vol {:>8} invol {:>8}\n",
+                t.name, t.user, t.sys, t.vol, t.invol
+            )
+        })
+        .collect()
+}
+
+/// What each thread of a process spent between two [`thread_snaps`], per event: CPU µs
+/// (user + system) and context switches per 1000 events.
+pub fn threads_per_event(before: &[ThreadSnap], after: &[ThreadSnap], events: u64) -> String {
+    let n = events.max(1) as f64;
+    let mut out = String::new();
+    for a in after {
+        let b = before.iter().find(|b| b.tid == a.tid);
+        let (u0, s0, v0, i0) = b.map_or((0.0, 0.0, 0, 0), |b| (b.user, b.sys, b.vol, b.invol));
         out.push_str(&format!(
-            "  {name:<18} user {:>6.2} s  sys {:>6.2} s  ctxsw vol {:>8} invol {:>8}\n",
-            ticks(11),
-            ticks(12),
-            field("voluntary_ctxt_switches"),
-            field("nonvoluntary_ctxt_switches"),
+            "  {:<18} user {:>6.2} µs  sys {:>6.2} µs  ctxsw/1000 events vol {:>7.1} invol {:>6.1}\n",
+            a.name,
+            (a.user - u0) * 1e6 / n,
+            (a.sys - s0) * 1e6 / n,
+            (a.vol - v0) as f64 * 1000.0 / n,
+            (a.invol - i0) as f64 * 1000.0 / n,
         ));
     }
     out

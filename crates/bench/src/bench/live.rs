@@ -318,6 +318,7 @@ pub(super) async fn relay_point(
     let shape = o.shape(o.tx_sizes[0]);
     let hist0 = scrape::commit_to_ack(r.metrics_port)?;
     let cpu0 = CpuSnap::take(&r.pids);
+    let threads0 = r.pids[0].map(procstat::thread_snaps);
     let proxy0 = r.proxy_tid.and_then(procstat::thread_cpu_secs);
     let poller = ConfirmPoller::start(w, r.slot, Duration::from_millis(o.confirm_poll_ms)).await?;
     let written =
@@ -329,6 +330,15 @@ pub(super) async fn relay_point(
     }
     let samples = poller.finish().await?;
     let cpu = cpu0.delta(&CpuSnap::take(&r.pids));
+    if let (Some(t0), Some(pid), Some(_)) = (threads0, r.pids[0], std::env::var_os("BENCH_THREADS"))
+    {
+        let t1 = procstat::thread_snaps(pid);
+        let per = procstat::threads_per_event(&t0, &t1, written.events);
+        log(format!(
+            "{} at {rate:.0} ev/s, per event:\n{per}",
+            r.kind.label()
+        ));
+    }
     let proxy1 = r.proxy_tid.and_then(procstat::thread_cpu_secs);
     let relay_view = scrape::commit_to_ack(r.metrics_port)?.since(&hist0);
     let (lat, unacked) = latency::slot_latencies(&written.commits, &samples);

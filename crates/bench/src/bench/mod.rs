@@ -42,6 +42,11 @@ pub struct Opts {
     /// Rows per poll of the polling relay.
     #[arg(long, default_value_t = 500)]
     pub poll_batch: i64,
+    /// The polling relay's `linger.ms`. Default: librdkafka's own default, what a team's relay
+    /// gets unless it tunes it (outboxd defaults to 10; a poller's batches are set by its poll
+    /// cycle, which already includes one linger and one acknowledgement round trip).
+    #[arg(long, default_value = "5")]
+    pub poll_linger_ms: String,
     /// Offered loads of the latency phase, as fractions of the measured ceiling.
     #[arg(
         long,
@@ -203,7 +208,7 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
         bench_bin: std::env::current_exe()?,
         status_ms: o.status_ms,
         poll_batch: o.poll_batch,
-        linger_ms: "5".into(),
+        linger_ms: o.poll_linger_ms.clone(),
         relay_wrapper: o
             .relay_wrapper
             .as_deref()

@@ -51,6 +51,7 @@ const KEYS: &[(&str, &str)] = &[
     ("relay", "standby_poll_ms"),
     ("relay", "takeover_after_ms"),
     ("relay", "repair_interval_ms"),
+    ("relay", "read_linger_ms"),
     ("log", "format"),
     ("metrics", "listen"),
     ("policy", "ordering"),
@@ -214,6 +215,7 @@ proptest! {
                 cfg.relay.standby_poll_ms,
                 cfg.relay.takeover_after_ms,
                 cfg.relay.repair_interval_ms,
+                cfg.relay.read_linger_ms,
                 cfg.heartbeat.interval_ms,
                 cfg.heartbeat.stall_timeout_ms,
             ] {

@@ -248,6 +248,12 @@ pub struct RelayConfig {
     /// How often the relay looks for operator repairs of parked events.
     #[serde(default = "d_repair_ms", deserialize_with = "lenient")]
     pub repair_interval_ms: u64,
+    /// After a transaction, when nothing more has arrived, wait this long (ms) before reading
+    /// again, so transactions committed close together are read, produced and acknowledged
+    /// together (see `relay::gulp`). Costs a transaction at most this much latency, and only
+    /// when it follows the previous one that closely. 0: read each one as soon as it arrives.
+    #[serde(default = "d_read_linger_ms", deserialize_with = "lenient")]
+    pub read_linger_ms: u64,
 }
 
 impl Default for RelayConfig {
@@ -260,6 +266,7 @@ impl Default for RelayConfig {
             repair_interval_ms: d_repair_ms(),
             standby_poll_ms: d_standby_ms(),
             takeover_after_ms: d_takeover_ms(),
+            read_linger_ms: d_read_linger_ms(),
         }
     }
 }
@@ -366,6 +373,10 @@ fn d_takeover_ms() -> u64 {
 }
 fn d_repair_ms() -> u64 {
     1_000
+}
+
+fn d_read_linger_ms() -> u64 {
+    4
 }
 
 /// Accepts a native TOML value or a string (environment overrides are always strings).
@@ -559,6 +570,29 @@ dsn = "postgres://u@127.0.0.1:5432/app"
         assert!(e.contains("relay.takeover_after_ms"), "{e}");
         let d = Config::from_toml_and_env(BASE, Vec::<(String, String)>::new()).unwrap();
         assert_eq!(d.relay.takeover_after_ms, 3000);
+    }
+
+    #[test]
+    fn read_linger_defaults_to_4ms_and_is_bounded() {
+        let with = |ms: &str| {
+            Config::from_toml_and_env(
+                &format!("{BASE}[relay]\nread_linger_ms = {ms}\n"),
+                Vec::<(String, String)>::new(),
+            )
+        };
+        let d = Config::from_toml_and_env(BASE, Vec::<(String, String)>::new()).unwrap();
+        assert_eq!(d.relay.read_linger_ms, 4);
+        assert_eq!(with("0").unwrap().relay.read_linger_ms, 0);
+        assert_eq!(with("100").unwrap().relay.read_linger_ms, 100);
+        let e = with("101").unwrap_err().to_string();
+        assert!(
+            e.contains("relay.read_linger_ms") && e.contains("at most 100"),
+            "{e}"
+        );
+        let e = Config::from_toml_and_env(BASE, env(&[("OUTBOXD_RELAY_READ_LINGER_MS", "1000")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("relay.read_linger_ms"), "{e}");
     }
 
     #[test]

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 /// The longest interval setting (366 days, like `source.recovery_window`).
 const MAX_INTERVAL_MS: u64 = 366 * 86_400 * 1000;
+/// Longest `relay.read_linger_ms`: the pause blocks the relay's thread (shutdown, metrics).
+const MAX_READ_LINGER_MS: u64 = 100;
 
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
@@ -111,6 +113,13 @@ impl Config {
                  beat or two: use 0 (never fence) or at least {} (the liveness signal is written \
                  every second)",
                 crate::slot::fence::MIN_TAKEOVER_MS
+            )));
+        }
+        if self.relay.read_linger_ms > MAX_READ_LINGER_MS {
+            return Err(invalid(format!(
+                "relay.read_linger_ms = {} would stall the relay for too long at a time: use at \
+                 most {MAX_READ_LINGER_MS} (milliseconds; 0 reads every transaction at once)",
+                self.relay.read_linger_ms
             )));
         }
         if self.relay.repair_interval_ms == 0 {

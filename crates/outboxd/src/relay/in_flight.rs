@@ -52,6 +52,11 @@ impl InFlight {
         self.tracker.open_commit_us().map(|us| us / 1000)
     }
 
+    /// Is a transaction open (its Begin read, its Commit not yet)?
+    pub fn in_transaction(&self) -> bool {
+        self.tracker.in_transaction()
+    }
+
     /// A transaction begins; `commit_us` is its commit time (unix µs).
     pub fn begin_at(&mut self, commit_us: i64) -> Result<(), ProtocolError> {
         self.tracker.begin_at(commit_us)

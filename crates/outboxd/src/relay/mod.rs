@@ -2,6 +2,7 @@
 //! tracker → confirmer.
 
 pub(crate) mod ack;
+pub(crate) mod gulp;
 pub(crate) mod in_flight;
 pub(crate) mod kafka;
 pub(crate) mod lsn;

@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
 use crate::obs::Observed;
+use crate::relay::gulp::Gulp;
 use crate::relay::kafka::Producer;
 use crate::relay::source::{self, fmt_lsn, sql_bounded};
 use crate::relay::stages::Stages;
@@ -187,6 +188,7 @@ pub async fn run_session_as(
     let mut next_state = Instant::now() + state_every;
     let mut saved = (start, st.in_flight().delivery_mark_us());
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut stream = Gulp::new(&mut repl, Duration::from_millis(cfg.relay.read_linger_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let result: Result<(), RelayError> = async {
@@ -207,13 +209,14 @@ pub async fn run_session_as(
                 _ = shutdown.changed() => return Ok(()),
                 e = holder.lost() => return Err(e),
                 Some(ack) = acks.recv() => st.on_ack(ack, &producer).await?,
-                ev = repl.recv(), if room => {
+                ev = stream.recv(), if room => {
                     // Events read before a freeze are not produced by a fenced instance.
                     holder.check_after_gap(cfg, st.sql()).await?;
                     match ev? {
                         Some(ev) => st.on_event(ev, &producer).await?,
                         None => return Err(RelayError::Replication("stream ended".into())),
                     }
+                    stream.settle(st.in_flight().in_transaction());
                 }
                 _ = tick.tick() => {
                     holder.check_after_gap(cfg, st.sql()).await?;
@@ -238,7 +241,7 @@ pub async fn run_session_as(
                 if st.take_advanced_by_ack() {
                     fail::hit("acked");
                 }
-                repl.update_applied_lsn(Lsn(c));
+                stream.client().update_applied_lsn(Lsn(c));
                 reported = c;
                 if health.halted.swap(false, Relaxed) {
                     metrics::gauge!(crate::obs::HALTED).set(0.0);
@@ -247,6 +250,7 @@ pub async fn run_session_as(
         }
     }
     .await;
+    let read_pauses = stream.pauses();
 
     // Whatever ended the session, confirm exactly what the broker acknowledged.
     let deadline = Instant::now() + cfg.shutdown_timeout();
@@ -295,6 +299,7 @@ pub async fn run_session_as(
         confirmed_lsn = %fmt_lsn(c),
         in_flight = st.in_flight().events(),
         ignored_changes = st.ignored(),
+        read_pauses,
         "session ended"
     );
     result.map(|()| SessionEnd::Shutdown)
