@@ -27,8 +27,12 @@ pub struct Watch {
     hb_interval: Option<Duration>,
     stall_timeout: Duration,
     next_hb: Instant,
+    /// When an event / a delivered ack was last seen, to the tick (stall and broker-down
+    /// thresholds are seconds): the hot path only sets a flag, the tick reads the clock.
     last_event_at: Instant,
     last_ack_at: Instant,
+    event_seen: bool,
+    ack_seen: bool,
     last_hb: Option<(Instant, f64)>,
     last_hb_wall: Option<i64>,
     next_slot_poll: Instant,
@@ -64,6 +68,8 @@ impl Watch {
             next_hb: now,
             last_event_at: now,
             last_ack_at: now,
+            event_seen: false,
+            ack_seen: false,
             last_hb: None,
             last_hb_wall: None,
             next_slot_poll: now,
@@ -83,7 +89,7 @@ impl Watch {
 
     /// A replication message arrived (the stream is alive).
     pub fn saw_event(&mut self) {
-        self.last_event_at = Instant::now();
+        self.event_seen = true;
     }
 
     /// Is this logical message one of our heartbeats?
@@ -94,9 +100,7 @@ impl Watch {
     /// The broker acknowledged a streamed event (`delivered`: not refused); `advanced`: the
     /// confirmable LSN moved, so the broker path works end to end.
     pub fn on_stream_ack(&mut self, delivered: bool, advanced: bool) {
-        if delivered {
-            self.last_ack_at = Instant::now();
-        }
+        self.ack_seen |= delivered;
         self.delivered |= advanced;
     }
 
@@ -175,6 +179,12 @@ impl Watch {
     /// few seconds) slot health and the status row.
     pub async fn tick(&mut self, v: View<'_>, reading: bool) -> Result<(), RelayError> {
         let now = Instant::now();
+        if std::mem::take(&mut self.event_seen) {
+            self.last_event_at = now;
+        }
+        if std::mem::take(&mut self.ack_seen) {
+            self.last_ack_at = now;
+        }
         self.pending.set(v.in_flight.events() as f64);
         self.pending_bytes.set(v.in_flight.bytes() as f64);
         self.confirmed.set(v.in_flight.confirmed() as f64);

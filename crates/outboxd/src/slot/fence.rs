@@ -96,8 +96,9 @@ impl Holder {
     /// or something blocked it) long enough for a standby to fence it, check that the slot is
     /// still ours. Events buffered before a freeze must not be produced by a fenced instance.
     pub async fn check_after_gap(&mut self, cfg: &Config, sql: &Client) -> Result<(), RelayError> {
-        let gap = self.last_turn.elapsed();
-        self.last_turn = Instant::now();
+        let now = Instant::now();
+        let gap = now.saturating_duration_since(self.last_turn);
+        self.last_turn = now;
         if gap < GAP {
             return Ok(());
         }
