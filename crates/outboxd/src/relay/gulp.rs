@@ -31,7 +31,8 @@
 
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationEvent};
 use std::future::Future;
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 /// How long to wait for the rest of an open transaction. A caught-up walsender decodes and
@@ -47,6 +48,14 @@ pub struct Gulp<'a> {
     /// Pause after a Commit with nothing more decoded (zero: none).
     linger: Duration,
     pauses: u64,
+    /// For the look-ahead poll (`Waker::noop` needs a newer Rust than the workspace's MSRV).
+    noop: Waker,
+}
+
+struct Noop;
+
+impl Wake for Noop {
+    fn wake(self: Arc<Self>) {}
 }
 
 impl<'a> Gulp<'a> {
@@ -56,6 +65,7 @@ impl<'a> Gulp<'a> {
             peeked: None,
             linger,
             pauses: 0,
+            noop: Waker::from(Arc::new(Noop)),
         }
     }
 
@@ -80,7 +90,7 @@ impl<'a> Gulp<'a> {
         }
         // One poll with a waker that is never used: the session's `select!` polls `recv` again,
         // registering its own waker, before the task can sleep. `recv` is cancel-safe.
-        let mut cx = Context::from_waker(Waker::noop());
+        let mut cx = Context::from_waker(&self.noop);
         match std::pin::pin!(self.client.recv()).poll(&mut cx) {
             Poll::Ready(r) => self.peeked = Some(r),
             Poll::Pending => {
