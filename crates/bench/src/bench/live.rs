@@ -318,7 +318,9 @@ pub(super) async fn relay_point(
     let shape = o.shape(o.tx_sizes[0]);
     let hist0 = scrape::commit_to_ack(r.metrics_port)?;
     let cpu0 = CpuSnap::take(&r.pids);
-    let threads0 = r.pids[0].map(procstat::thread_snaps);
+    let threads0 = std::env::var_os("BENCH_THREADS")
+        .and(r.pids[0])
+        .map(procstat::thread_snaps);
     let proxy0 = r.proxy_tid.and_then(procstat::thread_cpu_secs);
     let poller = ConfirmPoller::start(w, r.slot, Duration::from_millis(o.confirm_poll_ms)).await?;
     let written =
@@ -330,8 +332,7 @@ pub(super) async fn relay_point(
     }
     let samples = poller.finish().await?;
     let cpu = cpu0.delta(&CpuSnap::take(&r.pids));
-    if let (Some(t0), Some(pid), Some(_)) = (threads0, r.pids[0], std::env::var_os("BENCH_THREADS"))
-    {
+    if let (Some(t0), Some(pid)) = (threads0, r.pids[0]) {
         let t1 = procstat::thread_snaps(pid);
         let per = procstat::threads_per_event(&t0, &t1, written.events);
         log(format!(

@@ -556,14 +556,17 @@ dsn = "postgres://u@127.0.0.1:5432/app"
             .collect()
     }
 
+    /// BASE with one `[relay]` key set.
+    fn with_relay(key: &str, value: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_and_env(
+            &format!("{BASE}[relay]\n{key} = {value}\n"),
+            Vec::<(String, String)>::new(),
+        )
+    }
+
     #[test]
     fn takeover_after_is_off_or_at_least_two_beats() {
-        let with = |ms: &str| {
-            Config::from_toml_and_env(
-                &format!("{BASE}[relay]\ntakeover_after_ms = {ms}\n"),
-                Vec::<(String, String)>::new(),
-            )
-        };
+        let with = |ms: &str| with_relay("takeover_after_ms", ms);
         assert_eq!(with("0").unwrap().relay.takeover_after_ms, 0);
         assert_eq!(with("2000").unwrap().relay.takeover_after_ms, 2000);
         let e = with("500").unwrap_err().to_string();
@@ -574,12 +577,7 @@ dsn = "postgres://u@127.0.0.1:5432/app"
 
     #[test]
     fn read_linger_defaults_to_4ms_and_is_bounded() {
-        let with = |ms: &str| {
-            Config::from_toml_and_env(
-                &format!("{BASE}[relay]\nread_linger_ms = {ms}\n"),
-                Vec::<(String, String)>::new(),
-            )
-        };
+        let with = |ms: &str| with_relay("read_linger_ms", ms);
         let d = Config::from_toml_and_env(BASE, Vec::<(String, String)>::new()).unwrap();
         assert_eq!(d.relay.read_linger_ms, 4);
         assert_eq!(with("0").unwrap().relay.read_linger_ms, 0);

@@ -15,8 +15,9 @@
 //!   still open and nothing more has been decoded, the rest of it is being sent right now. A
 //!   short pause lets it arrive and be read in one go. This costs no latency that matters:
 //!   nothing of the transaction can be confirmed before its Commit anyway.
-//! * **Between transactions** (`relay.read_linger_ms`): after a Commit with nothing more
-//!   decoded, the next read waits this long, so transactions committed close together are read,
+//! * **Between transactions** (`relay.read_linger_ms`): after a Commit (or any other event
+//!   outside a transaction: a keepalive, a heartbeat) with nothing more decoded, the next read
+//!   waits this long, so transactions committed close together are read,
 //!   produced and acknowledged together (the read-side twin of librdkafka's `linger.ms`). A
 //!   transaction is delayed at most this long, and only when it follows the previous one that
 //!   closely: after a quiet spell the next one is read at once.
@@ -45,7 +46,7 @@ type Received = Result<Option<ReplicationEvent>, PgWireError>;
 pub struct Gulp<'a> {
     client: &'a mut ReplicationClient,
     peeked: Option<Received>,
-    /// Pause after a Commit with nothing more decoded (zero: none).
+    /// Pause after an event outside a transaction with nothing more decoded (zero: none).
     linger: Duration,
     pauses: u64,
     /// For the look-ahead poll (`Waker::noop` needs a newer Rust than the workspace's MSRV).
