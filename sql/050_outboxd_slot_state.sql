@@ -10,7 +10,9 @@ CREATE TABLE IF NOT EXISTS public.outboxd_slot_state (
     timeline             bigint      NOT NULL,            -- grows at every promotion / point-in-time restore
     acked_lsn            pg_lsn      NOT NULL,            -- everything committed before it is on the broker
     delivery_mark        timestamptz,                     -- commit time of the newest fully acknowledged transaction with events
+    delivered_xid        xid8,                            -- every transaction with a smaller id finished before acked_lsn: delivered (the exact gap bound)
     recovering_since     timestamptz,                     -- set while a recovery runs (a killed relay recovers again)
+    recovering_xid       xid8,                            -- the gap of that recovery: rows of transactions at or above this id
     recovery_reason      text,
     recoveries           bigint      NOT NULL DEFAULT 0,
     last_recovery_at     timestamptz,
@@ -18,3 +20,7 @@ CREATE TABLE IF NOT EXISTS public.outboxd_slot_state (
     created_at           timestamptz NOT NULL DEFAULT now(),
     updated_at           timestamptz NOT NULL DEFAULT now()
 );
+
+-- Upgrade from a table written before delivered_xid existed (outboxd init, or run as the owner).
+ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS delivered_xid xid8;
+ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS recovering_xid xid8;

@@ -67,6 +67,7 @@ GRANT SELECT ON public.outboxd_status TO outboxd_repair;
 GRANT USAGE ON SCHEMA public TO outboxd_cleanup;
 GRANT SELECT, DELETE ON public.outbox TO outboxd_cleanup;
 GRANT SELECT ON public.outboxd_slot_state TO outboxd_cleanup;
+GRANT SELECT ON public.outboxd_replay TO outboxd_cleanup;  -- no deletes while a replay runs
 
 -- Replays: read the outbox, write the replay audit (Kafka credentials come from the config).
 GRANT USAGE ON SCHEMA public TO outboxd_replay;

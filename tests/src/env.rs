@@ -125,6 +125,27 @@ max_backoff_ms = 1000
         Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
     }
 
+    /// Drops the slot (as an operator, a failover or a restore without it would), once no
+    /// walsender holds it any more.
+    pub async fn drop_slot(&self) -> Result<()> {
+        let c = self.sql().await?;
+        // A walsender may still hold it for a moment after its relay went away.
+        eventually(Duration::from_secs(30), || async {
+            c.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&self.slot],
+            )
+            .await?;
+            Ok(
+                c.execute("SELECT pg_drop_replication_slot($1)", &[&self.slot])
+                    .await
+                    .is_ok(),
+            )
+        })
+        .await
+    }
+
     /// Waits until the slot confirmed everything written before this call (writes may go on).
     pub async fn caught_up(&self, timeout: Duration) -> Result<()> {
         let target = self.current_lsn().await?;

@@ -38,7 +38,7 @@ pub use http::{http_get, http_get_10};
 pub use kafka::{
     create_topic_on_port, create_topics, read_topic, reader_config, scan_topic, Record,
 };
-pub use outbox::{write_events, write_events_returning_lsn, NewEvent};
+pub use outbox::{insert_events, write_events, write_events_returning_lsn, NewEvent};
 pub use relay::{check_fails_naming, outboxd_cli, relay_bin, RelayProcess};
 pub use wait::eventually;
 

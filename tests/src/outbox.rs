@@ -67,7 +67,10 @@ pub async fn write_events_returning_lsn(
     Ok(lsn as u64)
 }
 
-async fn insert_events(tx: &tokio_postgres::Transaction<'_>, events: &[NewEvent]) -> Result<()> {
+pub async fn insert_events(
+    tx: &tokio_postgres::Transaction<'_>,
+    events: &[NewEvent],
+) -> Result<()> {
     let stmt = tx
         .prepare(
             "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload) \

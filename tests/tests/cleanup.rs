@@ -36,14 +36,20 @@ async fn count(c: &tokio_postgres::Client, filter: &str) -> anyhow::Result<i64> 
     )
 }
 
-/// Waits until the relay recorded a delivery mark at or after the newest row's commit.
+/// Waits until the relay recorded a delivery mark, and a delivered_xid past every transaction
+/// that started before the call.
 async fn mark_recorded(env: &Env) -> anyhow::Result<()> {
     let c = env.sql().await?;
+    let next: String = c
+        .query_one("SELECT pg_snapshot_xmax(pg_current_snapshot())::text", &[])
+        .await?
+        .get(0);
     eventually(Duration::from_secs(30), || async {
         let r = c
             .query_opt(
-                "SELECT delivery_mark IS NOT NULL FROM outboxd_slot_state WHERE slot_name = $1",
-                &[&env.slot],
+                "SELECT delivery_mark IS NOT NULL AND delivered_xid >= $2::text::xid8 \
+                 FROM outboxd_slot_state WHERE slot_name = $1",
+                &[&env.slot, &next],
             )
             .await?;
         Ok(r.is_some_and(|r| r.get::<_, bool>(0)))
@@ -109,25 +115,38 @@ async fn cleanup_deletes_only_delivered_rows_outside_the_window_in_capped_batche
     assert_eq!(count(&c, "true").await?, 10);
     assert!(relay.sigterm()?.success());
 
-    // A relay that has been down for 3 hours: its mark is 3 h old. Rows created since (2.5 h
-    // ago, never streamed in this story) stay, although older than the retention; rows older
-    // than mark - window go.
+    // Rows written while the relay is down are not delivered, whatever their created_at says
+    // (an application's event time, a backfill): they stay, although 5 hours "old".
+    insert_aged(&c, "undelivered", 1, 25, "5 hours").await?;
+    let (code, out) = outboxd_cli(&["cleanup"], &cfg);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("deleted         0 row(s)"), "{out}");
+    assert_eq!(count(&c, "aggregate_id = 'undelivered'").await?, 25);
+    let mut relay = RelayProcess::spawn(&cfg, log.clone())?;
+    insert_aged(&c, "behind", 1, 20, "150 minutes").await?;
+    insert_aged(&c, "ancient", 1, 30, "5 hours").await?;
+    env.caught_up(Duration::from_secs(60)).await?;
+    mark_recorded(&env).await?;
+    assert!(relay.sigterm()?.success());
+
+    // Delivered, and the relay has been down for 3 hours: its mark is 3 h old. Rows created
+    // since (2.5 h ago) stay, although older than the retention; rows older than mark - window
+    // go.
     c.execute(
         "UPDATE outboxd_slot_state SET delivery_mark = now() - interval '3 hours'",
         &[],
     )
     .await?;
-    insert_aged(&c, "behind", 1, 20, "150 minutes").await?;
-    insert_aged(&c, "ancient", 1, 30, "5 hours").await?;
     let (code, out) = outboxd_cli(&["cleanup"], &cfg);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("deleted         30 row(s)"), "{out}");
+    assert!(out.contains("deleted         55 row(s)"), "{out}");
     assert!(
         out.contains(&format!("held back by    slot {:?}", env.slot)),
         "{out}"
     );
     assert_eq!(count(&c, "aggregate_id = 'behind'").await?, 20);
     assert_eq!(count(&c, "aggregate_id = 'ancient'").await?, 0);
+    assert_eq!(count(&c, "aggregate_id = 'undelivered'").await?, 0);
 
     // Not while a recovery runs, nor while another slot has delivered nothing.
     c.execute(
@@ -164,7 +183,7 @@ async fn cleanup_deletes_only_delivered_rows_outside_the_window_in_capped_batche
             && l.contains("retention 1h, when `outboxd cleanup` runs (cron), as role postgres")),
         "{out}"
     );
-    c.batch_execute("CREATE ROLE cleanup_ro LOGIN PASSWORD 'ro-pass'; GRANT SELECT ON outbox, outboxd_slot_state TO cleanup_ro")
+    c.batch_execute("CREATE ROLE cleanup_ro LOGIN PASSWORD 'ro-pass'; GRANT SELECT ON outbox, outboxd_slot_state, outboxd_replay TO cleanup_ro")
         .await?;
     let ro_dsn = env.pg.dsn(&env.db).replace(
         &format!("postgres:{}@", outboxd_tests::testkit::PG_PASSWORD),
@@ -287,5 +306,99 @@ async fn a_partitioned_outbox_streams_across_partition_changes_and_drops_old_day
     let later = records.iter().filter(|r| r.key == b"later").count();
     assert_eq!(later, 7, "{} records", records.len());
     assert!(relay.sigterm()?.success());
+    Ok(())
+}
+
+/// Cleanup's bounds are every relay's, not its own config's: a second relay's state in another
+/// schema holds rows back by its delivered_xid; a pgoutput slot nobody recorded blocks cleanup
+/// until it is listed as foreign; a recovery in the other relay's schema blocks it; a table
+/// partitioned by something else than created_at is not cleaned by partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cleanup_obeys_every_relays_state_and_unknown_slots() -> anyhow::Result<()> {
+    let mut env = Env::start("cleanup_bounds").await?;
+    let (cfg, toml) = write_config(&mut env, "retention = \"1h\"\npause_ms = 0\n")?;
+    let c = env.sql().await?;
+    let before: String = c
+        .query_one("SELECT pg_snapshot_xmin(pg_current_snapshot())::text", &[])
+        .await?
+        .get(0);
+    insert_aged(&c, "old", 1, 50, "3 hours").await?;
+    let log = env.dir.path().join("relay.log");
+    let mut relay = RelayProcess::spawn(&cfg, log.clone())?;
+    env.caught_up(Duration::from_secs(60)).await?;
+    mark_recorded(&env).await?;
+    assert!(relay.sigterm()?.success());
+
+    // Another relay (relay_schema = relay_b) that delivered only what came before these rows.
+    c.batch_execute(
+        "CREATE SCHEMA relay_b; \
+         CREATE TABLE relay_b.outboxd_slot_state (LIKE public.outboxd_slot_state INCLUDING ALL)",
+    )
+    .await?;
+    c.execute(
+        "INSERT INTO relay_b.outboxd_slot_state \
+           (slot_name, system_identifier, timeline, acked_lsn, delivery_mark, delivered_xid) \
+         VALUES ('relay_b', 'x', 1, '0/0', now(), $1::text::xid8)",
+        &[&before],
+    )
+    .await?;
+    let (code, out) = outboxd_cli(&["cleanup"], &cfg);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("deleted         0 row(s)"), "{out}");
+
+    // A recovery under way in that schema blocks cleanup.
+    c.batch_execute("UPDATE relay_b.outboxd_slot_state SET recovering_xid = delivered_xid")
+        .await?;
+    let (_, out) = outboxd_cli(&["cleanup"], &cfg);
+    assert!(
+        out.contains("nothing deleted: a relay is recovering"),
+        "{out}"
+    );
+    c.batch_execute(
+        "UPDATE relay_b.outboxd_slot_state SET recovering_xid = NULL, \
+         delivered_xid = pg_snapshot_xmin(pg_current_snapshot())",
+    )
+    .await?;
+
+    // A pgoutput slot no relay recorded: cleanup cannot know what it still needs.
+    c.batch_execute("SELECT pg_create_logical_replication_slot('stranger', 'pgoutput')")
+        .await?;
+    let (_, out) = outboxd_cli(&["cleanup"], &cfg);
+    assert!(
+        out.contains("nothing deleted")
+            && out.contains("\"stranger\"")
+            && out.contains("cleanup.ignore_slots"),
+        "{out}"
+    );
+    std::fs::write(
+        &cfg,
+        toml.replace("[cleanup]\n", "[cleanup]\nignore_slots = [\"stranger\"]\n"),
+    )?;
+    let (code, out) = outboxd_cli(&["cleanup"], &cfg);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("deleted         50 row(s)"), "{out}");
+    assert_eq!(count(&c, "aggregate_id = 'old'").await?, 0);
+
+    // Partitioned by something else than created_at: not cleaned by partition.
+    c.batch_execute(
+        "CREATE TABLE outbox_by_type (event_id uuid, aggregate_type text, aggregate_id text, \
+           aggregate_version bigint, event_type text, payload jsonb, created_at timestamptz) \
+         PARTITION BY LIST (aggregate_type); \
+         CREATE TABLE outbox_by_type_acct PARTITION OF outbox_by_type FOR VALUES IN ('acct')",
+    )
+    .await?;
+    std::fs::write(
+        &cfg,
+        toml.replace(
+            "[source]\n",
+            "[source]\ntable = \"public.outbox_by_type\"\n",
+        )
+        .replace("[cleanup]\n", "[cleanup]\nignore_slots = [\"stranger\"]\n"),
+    )?;
+    let (_, out) = outboxd_cli(&["cleanup"], &cfg);
+    assert!(
+        out.contains("nothing deleted") && out.contains("not by RANGE (created_at)"),
+        "{out}"
+    );
     Ok(())
 }

@@ -1,19 +1,20 @@
 //! Outbox cleanup (R34): deletes delivered outbox rows older than the retention, in small
 //! batches, from `outboxd cleanup` (cron) or as a loop inside `outboxd run` (`cleanup.every`).
 //!
-//! What may go. A row may be deleted only when nothing can need it again:
-//! - it was delivered: its transaction committed before the **delivery mark** of every slot in
-//!   `outboxd_slot_state` (the commit time of the newest fully acknowledged transaction, which
-//!   slot-loss recovery keeps) — the slowest slot decides, and one without a mark blocks all;
-//! - it is outside the **recovery window**: a lost slot's gap is republished from rows created
-//!   since `delivery_mark - source.recovery_window` (a long transaction's rows carry an older
-//!   `created_at` than its commit), so nothing in that window is touched;
-//! - no recovery is running (`recovering_since`);
-//! - it is older than `cleanup.retention` (the audit retention), which config validation keeps
-//!   at least as long as the recovery window.
+//! What may go. A row may be deleted only when nothing can need it again ([`bounds`]):
+//! - it was delivered on every slot: its transaction is older than every relay's
+//!   `delivered_xid` (in every `outboxd_slot_state` of the database, whatever its schema) — the
+//!   exact bound a lost slot's recovery republishes from, so no created_at, clock or config of
+//!   cleanup's own can make it take a row a recovery needs;
+//! - no recovery and no replay is under way — re-checked by every batch's statement;
+//! - it is older than `cleanup.retention` (the audit retention) and than the slowest slot's
+//!   delivery mark minus `source.recovery_window`, by `created_at` on the database's clock: so
+//!   the rows around the mark stay, which is how a recovery tells a table that vouches for its
+//!   gap from one whose rows were deleted by their writers.
 //!
-//! So the cutoff is `least(now() - retention, min(delivery_mark) - recovery_window)` on the
-//! database's clock, and rows with `created_at` before it go.
+//! So the cutoff is `least(now() - retention, min(delivery_mark) - recovery_window)`; rows with
+//! `created_at` before it whose transaction is older than `min(delivered_xid)` go. A pgoutput
+//! slot without delivery state blocks everything (`cleanup.ignore_slots` lists foreign ones).
 //!
 //! How. Never one long DELETE: batches of `batch_size` rows, each its own short transaction,
 //! walking the `created_at` index with a cursor that only moves forward (dead index entries of
@@ -21,12 +22,12 @@
 //! by `ctid`, so any outbox table works whatever its key; a partitioned outbox is cleaned by
 //! dropping whole partitions instead (`partitions`).
 
+mod bounds;
 mod partitions;
 
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::source::{self, quote_ident};
-use crate::slot::state as slot_state;
 use chrono::{DateTime, Utc};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -146,9 +147,9 @@ pub async fn run_once(
         dry_run,
         ..Report::default()
     };
-    let bound = slot_state::cleanup_bound(sql).await?;
-    let mark = match bound {
-        slot_state::CleanupBound::NoState => {
+    let bound = bounds::bounds(sql, &c.ignore_slots).await?;
+    let b = match bound {
+        bounds::Bound::NoState => {
             report.blocked = Some(
                 "no relay has recorded a delivery mark yet (outboxd_slot_state is empty): \
                  nothing is known to be delivered"
@@ -156,12 +157,13 @@ pub async fn run_once(
             );
             return Ok(report);
         }
-        slot_state::CleanupBound::Blocked(why) => {
+        bounds::Bound::Blocked(why) => {
             report.blocked = Some(why);
             return Ok(report);
         }
-        slot_state::CleanupBound::Mark { slot, mark } => (slot, mark),
+        bounds::Bound::Ok(b) => b,
     };
+    let mark = (b.slot.clone(), b.mark);
     let window = cfg.source.recovery_window.as_secs_f64();
     let row = sql
         .query_one(
@@ -195,14 +197,25 @@ pub async fn run_once(
     let ts = quote_ident(&ts_col);
 
     if partitions::is_partitioned(sql, &schema, &table).await? {
+        if let Err(why) = partitions::check_key(sql, &schema, &table, &ts_col).await? {
+            report.blocked = Some(why);
+            report.cutoff = None;
+            return Ok(report);
+        }
+        let part = partitions::Partitioned {
+            schema: &schema,
+            table: &table,
+            cutoff,
+            bounds: &b,
+        };
         report.partitions = if dry_run {
-            partitions::droppable(sql, &schema, &table, cutoff)
+            part.droppable(sql)
                 .await?
                 .into_iter()
                 .map(|(s, n)| format!("{s}.{n}"))
                 .collect()
         } else {
-            partitions::drop_before(sql, &schema, &table, cutoff, privilege).await?
+            part.drop_before(sql, privilege).await?
         };
         report.seconds = started.elapsed().as_secs_f64();
         return Ok(report);
@@ -210,7 +223,10 @@ pub async fn run_once(
     if dry_run {
         let n: i64 = sql
             .query_one(
-                &format!("SELECT count(*) FROM {qualified} WHERE {ts} < $1"),
+                &format!(
+                    "SELECT count(*) FROM {qualified} AS o WHERE o.{ts} < $1 AND {}",
+                    b.delivered
+                ),
                 &[&cutoff],
             )
             .await
@@ -222,11 +238,15 @@ pub async fn run_once(
     // Cursor: the batches walk the index forward. No row lock beforehand (FOR UPDATE would
     // need UPDATE, which the cleanup role must not have): a concurrent run's DELETE waits at
     // most lock_timeout on the same rows and then skips them, already gone.
+    // Every batch re-checks that no recovery or replay started meanwhile (`idle`), and takes
+    // only rows older than every slot's delivered_xid, whatever their created_at says.
     let delete = format!(
         "DELETE FROM {qualified} WHERE ctid = ANY(ARRAY(\
-           SELECT ctid FROM {qualified} WHERE {ts} >= $1 AND {ts} < $2 \
-           ORDER BY {ts} LIMIT $3)) \
-         RETURNING {ts}"
+           SELECT o.ctid FROM {qualified} AS o WHERE o.{ts} >= $1 AND o.{ts} < $2 AND {} \
+             AND {} \
+           ORDER BY o.{ts} LIMIT $3)) \
+         RETURNING {ts}",
+        b.delivered, b.idle
     );
     // 0001-01-01: before any real row, and within Postgres's range (chrono's MIN is not).
     let mut cursor = DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or_default();
@@ -253,7 +273,9 @@ pub async fn run_once(
             report.capped = sql
                 .query_one(
                     &format!(
-                        "SELECT EXISTS (SELECT 1 FROM {qualified} WHERE {ts} >= $1 AND {ts} < $2)"
+                        "SELECT EXISTS (SELECT 1 FROM {qualified} AS o \
+                         WHERE o.{ts} >= $1 AND o.{ts} < $2 AND {})",
+                        b.delivered
                     ),
                     &[&cursor, &cutoff],
                 )

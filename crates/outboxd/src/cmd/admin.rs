@@ -166,22 +166,43 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     // publication the user creates next would make pgoutput fail with "publication does not
     // exist" (it reads publications as of each change).
     crate::slot::state::ensure_table(&sql).await?;
-    if crate::slot::state::load(&sql, &cfg.source.slot)
-        .await?
-        .is_none()
-    {
-        let identity = crate::slot::state::identity(&sql).await?;
-        let lsn = match source::slot_state(cfg, &sql).await? {
-            Some(s) => s.confirmed_flush,
-            None => {
-                let l: String = sql
-                    .query_one("SELECT pg_current_wal_lsn()::text", &[])
-                    .await?
-                    .get(0);
-                source::parse_lsn(&l)?
-            }
-        };
-        crate::slot::state::reset(&sql, &cfg.source.slot, &identity, lsn, None).await?;
+    let existing = source::slot_state(cfg, &sql).await?;
+    match crate::slot::state::load(&sql, &cfg.source.slot).await? {
+        None => {
+            let identity = crate::slot::state::identity(&sql).await?;
+            // Before the slot exists: transactions older than the oldest one running now
+            // committed before it, so they are not this relay's (the first delivered_xid).
+            let (lsn, xid) = match &existing {
+                Some(s) => (s.confirmed_flush, None),
+                None => {
+                    let p = crate::slot::state::XidProbe::take(&sql).await?;
+                    (p.lsn, Some(p.xmin))
+                }
+            };
+            crate::slot::state::reset(&sql, &cfg.source.slot, &identity, lsn, xid).await?;
+        }
+        // Never a new slot over a loss: the new slot would start now, and the slot guard could
+        // not tell it from the one the relay streamed from, so the gap would be skipped.
+        Some(_) if !matches!(&existing, Some(s) if s.invalidation.is_none()) => {
+            done.push("table outboxd_slot_state present".into());
+            done.push(format!(
+                "slot {} NOT created: outboxd delivered from it before (outboxd_slot_state) and \
+                 it is {}, so its gap must be republished from the outbox table; `outboxd run` \
+                 does that when it starts (source.on_slot_loss = \"recover\"), or run \
+                 `outboxd recover --config FILE --dry-run`, then `outboxd recover --config FILE`",
+                cfg.source.slot,
+                match &existing {
+                    None => "missing".to_string(),
+                    Some(s) => format!(
+                        "invalidated ({})",
+                        s.invalidation.as_deref().unwrap_or_default()
+                    ),
+                }
+            ));
+            tracing::warn!(slot = %cfg.source.slot, "init: the replication slot is lost; not recreating it (outboxd run recovers the gap)");
+            return Ok(done);
+        }
+        Some(_) => {}
     }
     let (slot, _) = source::preflight(cfg, &sql, true).await?;
     done.push("table outboxd_slot_state present".into());

@@ -34,12 +34,15 @@ async fn cleanup(cfg: &Config, retention: std::time::Duration) -> CheckLine {
         "{}.outboxd_slot_state",
         quote_ident(&cfg.source.relay_schema)
     );
+    // Cleanup reads every relay's state and replays (crate::cleanup): at least this relay's.
+    let replay = format!("{}.outboxd_replay", quote_ident(&cfg.source.relay_schema));
     let row = sql
         .query_one(
             "SELECT current_user::text, \
                     has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'DELETE'), \
-                    to_regclass($2) IS NULL OR has_table_privilege($2, 'SELECT')",
-            &[&outbox, &state],
+                    (to_regclass($2) IS NULL OR has_table_privilege($2, 'SELECT')) \
+                    AND (to_regclass($3) IS NULL OR has_table_privilege($3, 'SELECT'))",
+            &[&outbox, &state, &replay],
         )
         .await;
     let where_ = match cfg.cleanup.every {
@@ -66,8 +69,8 @@ async fn cleanup(cfg: &Config, retention: std::time::Duration) -> CheckLine {
                     WHAT,
                     format!(
                         "role {role} cannot delete: GRANT SELECT, DELETE ON {outbox} TO {r}; \
-                         GRANT SELECT ON {state} TO {r}; (sql/roles.sql, outboxd_cleanup; set \
-                         cleanup.dsn to connect as it)",
+                         GRANT SELECT ON {state}, {replay} TO {r}; (sql/roles.sql, \
+                         outboxd_cleanup; set cleanup.dsn to connect as it)",
                         r = quote_ident(&role)
                     ),
                 )

@@ -36,15 +36,32 @@ pub async fn run(
         cfg.source.recovery_window,
     );
     let name = &cfg.source.slot;
-    let (from, what, replace) = match (since, &decision) {
-        (Some(t), d) => (
-            t,
-            "rows created since --since".to_string(),
-            d.manual_loss(slot.is_some(), t).replace_slot,
-        ),
-        (None, Decision::Lost(l)) => match l.since {
-            Some(s) => (s, format!("the detected gap: {}", l.reason), l.replace_slot),
-            None => bail!("{}: pass --since TIME", l.reason),
+    let (gap, what, replace) = match (since, &decision) {
+        (Some(t), d) => {
+            let l = d.manual_loss(slot.is_some(), t);
+            let what = match l.gap.as_ref().and_then(|g| g.from_xid) {
+                Some(_) => format!("--since and the detected gap ({})", l.reason),
+                None => "--since".to_string(),
+            };
+            (l.gap.unwrap_or_default(), what, l.replace_slot)
+        }
+        (None, Decision::Lost(l)) => match &l.gap {
+            Some(g) => (
+                g.clone(),
+                format!("the detected gap: {}", l.reason),
+                l.replace_slot,
+            ),
+            None => bail!(
+                "{}: nothing proves a gap complete by transaction id; pass --since TIME{}",
+                l.reason,
+                l.since
+                    .map(|t| format!(
+                        " (the delivery mark minus source.recovery_window is {}; rows created \
+                         earlier are not covered)",
+                        t.to_rfc3339()
+                    ))
+                    .unwrap_or_default()
+            ),
         },
         (None, Decision::Create) => bail!(
             "no delivery state for slot {name:?} (outboxd_slot_state, in source.relay_schema): nothing records a \
@@ -58,7 +75,7 @@ pub async fn run(
         }
     };
     let active = slot.as_ref().and_then(|s| s.active_pid);
-    let summary = recovery::summarize(cfg, &sql, from).await?;
+    let summary = recovery::summarize(cfg, &sql, &gap).await?;
     let mut out = String::new();
     let slot_plan = match (&slot, replace) {
         (None, _) => {
@@ -72,11 +89,7 @@ pub async fn run(
     };
     if dry_run {
         writeln!(out, "dry run: nothing was changed")?;
-        writeln!(
-            out,
-            "range:   {what}: created at or after {}",
-            from.to_rfc3339()
-        )?;
+        writeln!(out, "range:   {what}: {gap}")?;
         writeln!(out, "slot:    {slot_plan}")?;
         writeln!(
             out,
@@ -130,8 +143,7 @@ pub async fn run(
         .unwrap_or(0);
     writeln!(
         out,
-        "recovered: {events} event(s) from rows created since {} republished and acknowledged",
-        from.to_rfc3339()
+        "recovered: {events} event(s) ({gap}) republished and acknowledged"
     )?;
     writeln!(out, "slot:      {slot_plan}")?;
     writeln!(

@@ -91,10 +91,13 @@ async fn delivery_state(cfg: &Config, sql: &tokio_postgres::Client) -> Result<Va
         cfg.source.recovery_window,
     ) {
         crate::slot::guard::Decision::Lost(l) => format!(
-            "LOST ({}): {}; gap from {}",
+            "LOST ({}): {}; gap: {}",
             l.reason.label(),
             l.reason,
-            l.since.map_or("unknown".into(), |s| s.to_rfc3339())
+            l.gap.as_ref().map_or(
+                "not provable by transaction id (outboxd recover --since)".into(),
+                |g| g.to_string()
+            )
         ),
         _ => "ok".into(),
     };
@@ -104,7 +107,9 @@ async fn delivery_state(cfg: &Config, sql: &tokio_postgres::Client) -> Result<Va
         "timeline": st.identity.timeline,
         "acked_lsn": source::fmt_lsn(st.acked_lsn),
         "delivery_mark": st.delivery_mark.map(|t| t.to_rfc3339()),
+        "delivered_xid": st.delivered_xid,
         "recovering_since": st.recovering_since.map(|t| t.to_rfc3339()),
+        "recovering_xid": st.recovering_xid,
         "recoveries": st.recoveries,
         "last_recovery_at": st.last_recovery_at.map(|t| t.to_rfc3339()),
         "last_recovery_events": st.last_recovery_events,
@@ -146,7 +151,15 @@ pub fn render(v: &Value) -> String {
             g("/delivery_state/timeline")
         ),
     );
-    row("  recovering since", g("/delivery_state/recovering_since"));
+    row("  delivered xid", g("/delivery_state/delivered_xid"));
+    row(
+        "  recovering",
+        format!(
+            "since {} / from xid {}",
+            g("/delivery_state/recovering_since"),
+            g("/delivery_state/recovering_xid")
+        ),
+    );
     row(
         "  recoveries (last)",
         format!(

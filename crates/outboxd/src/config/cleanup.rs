@@ -26,6 +26,11 @@ pub struct CleanupConfig {
     /// own role needs no DELETE. Env `OUTBOXD_CLEANUP_DSN`.
     #[serde(default)]
     pub dsn: Option<String>,
+    /// pgoutput slots of this database that are not outboxd relays' (a subscription, Debezium):
+    /// any other slot without delivery state blocks cleanup, since cleanup cannot know what it
+    /// still needs.
+    #[serde(default)]
+    pub ignore_slots: Vec<String>,
 }
 
 impl Default for CleanupConfig {
@@ -37,6 +42,7 @@ impl Default for CleanupConfig {
             pause_ms: d_pause(),
             every: None,
             dsn: None,
+            ignore_slots: Vec::new(),
         }
     }
 }

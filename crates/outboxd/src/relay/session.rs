@@ -16,7 +16,7 @@ use crate::relay::stages::Stages;
 use crate::slot::fence::Holder;
 use crate::slot::guard::{self as slot_guard, Decision};
 use crate::slot::recovery;
-use crate::slot::state::{self as slot_state, Identity};
+use crate::slot::state::{self as slot_state, Identity, XidProbe};
 use pgwire_replication::Lsn;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -94,6 +94,7 @@ pub async fn run_session_as(
         )));
     }
     let mut recovery = None;
+    let mut first_xid = None;
     let start = match decision {
         Decision::Create | Decision::Adopt { .. } => {
             let start = match decision {
@@ -103,7 +104,10 @@ pub async fn run_session_as(
                 }
                 _ if cfg.source.create_slot && mode == Mode::Stream => {
                     // The first start publishes nothing already in the table (a previous relay
-                    // may have); `outboxd recover --since T` does, on request.
+                    // may have); `outboxd recover --since T` does, on request. Transactions
+                    // older than the oldest one running now committed before the slot exists:
+                    // not this relay's (the first delivered_xid).
+                    first_xid = Some(sql_bounded(XidProbe::take(&sql)).await?.xmin);
                     sql_bounded(source::create_slot_sql(cfg, &sql))
                         .await?
                         .confirmed_flush
@@ -116,7 +120,7 @@ pub async fn run_session_as(
                     )))
                 }
             };
-            let reset = slot_state::reset(&sql, &cfg.source.slot, &identity, start, None);
+            let reset = slot_state::reset(&sql, &cfg.source.slot, &identity, start, first_xid);
             sql_bounded(reset).await?;
             start
         }
@@ -186,7 +190,14 @@ pub async fn run_session_as(
     let mut next_repair = Instant::now();
     let state_every = Duration::from_millis(cfg.source.state_interval_ms);
     let mut next_state = Instant::now() + state_every;
-    let mut saved = (start, st.in_flight().delivery_mark_us());
+    let mut saved = Saved {
+        lsn: start,
+        mark_us: st.in_flight().delivery_mark_us(),
+        xid: None,
+        // The first probe now: the stream's first acknowledgements past it make the mark exact
+        // from this session's start.
+        probe: Some(sql_bounded(XidProbe::take(st.sql())).await?),
+    };
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut stream = Gulp::new(&mut repl, Duration::from_millis(cfg.relay.read_linger_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -224,6 +235,9 @@ pub async fn run_session_as(
                     if Instant::now() >= next_state {
                         next_state = Instant::now() + state_every;
                         saved = save_state(cfg, &st, &identity, holder.walsender(), saved).await?;
+                        if saved.probe.is_none() {
+                            saved.probe = Some(sql_bounded(XidProbe::take(st.sql())).await?);
+                        }
                     }
                     if Instant::now() >= next_repair {
                         next_repair = Instant::now() + repair_every;
@@ -305,30 +319,49 @@ pub async fn run_session_as(
     result.map(|()| SessionEnd::Shutdown)
 }
 
-/// Records the acknowledged position and delivery mark when either moved since `saved`, while
-/// `walsender` (this session's) holds the slot.
+/// What the state row holds (as far as this session wrote it), and the transaction-id probe
+/// waiting for the acknowledged position to pass it ([`XidProbe`]).
+#[derive(Debug, Clone, Copy)]
+struct Saved {
+    lsn: u64,
+    mark_us: Option<i64>,
+    xid: Option<u64>,
+    probe: Option<XidProbe>,
+}
+
+/// Records the acknowledged position, the delivery mark and the delivered transaction id when
+/// any moved since `saved`, while `walsender` (this session's) holds the slot. A probe whose
+/// WAL position is acknowledged becomes the delivered transaction id (and is used up).
 async fn save_state(
     cfg: &Config,
     st: &Stages,
     identity: &Identity,
     walsender: i32,
-    saved: (u64, Option<i64>),
-) -> Result<(u64, Option<i64>), RelayError> {
-    let now = (
-        st.in_flight().confirmed(),
-        st.in_flight().delivery_mark_us(),
-    );
-    if now.0 <= saved.0 && now.1 <= saved.1 {
+    saved: Saved,
+) -> Result<Saved, RelayError> {
+    let mut now = Saved {
+        lsn: st.in_flight().confirmed(),
+        mark_us: st.in_flight().delivery_mark_us(),
+        ..saved
+    };
+    if let Some(p) = saved.probe.filter(|p| now.lsn >= p.lsn) {
+        now.xid = Some(p.xmin);
+        now.probe = None;
+    }
+    if now.lsn <= saved.lsn && now.mark_us <= saved.mark_us && now.xid == saved.xid {
         return Ok(saved);
     }
-    let mark = now.1.and_then(chrono::DateTime::from_timestamp_micros);
+    let mark = now
+        .mark_us
+        .and_then(chrono::DateTime::from_timestamp_micros);
     sql_bounded(slot_state::advance(
         st.sql(),
         &cfg.source.slot,
         identity,
         walsender,
-        now.0,
+        now.lsn,
         mark,
+        now.xid,
     ))
     .await?;
     fail::hit("state_written");

@@ -5,15 +5,17 @@
 //! |---|---|---|
 //! | none | none | first start: create the slot, publish nothing already in the table |
 //! | none | present | adopt the slot (an upgrade, or `init` created it) |
-//! | recovery pending | any | a recovery was interrupted: recover the same range again |
-//! | another system id | any | a different cluster (logical restore): recover from the mark |
-//! | present | none | the slot was dropped, or the server failed over without it: recover |
-//! | present | invalidated | `max_slot_wal_keep_size` (or a conflict) removed its WAL: recover |
+//! | recovery pending | any | a recovery was interrupted: recover the same rows again |
+//! | another system id | any | a different cluster (logical restore): transaction ids mean nothing here, so nothing proves a gap complete: halt with `outboxd recover --since` |
+//! | present | none | the slot was dropped, or the server failed over without it: recover the rows of transactions from `delivered_xid` on |
+//! | present | invalidated | `max_slot_wal_keep_size` (or a conflict) removed its WAL: recover likewise |
+//! | present without `delivered_xid` | none / invalidated | written by an older outboxd and not yet probed: halt with `outboxd recover --since` |
 //! | present | present | stream from `max(slot, acked_lsn)`: after a Postgres crash the slot's checkpointed position is older than what the broker already holds |
 //!
 //! "Recover" follows `source.on_slot_loss`; see [`crate::slot::recovery`].
 
 use crate::relay::source::{fmt_lsn, SlotState};
+pub use crate::slot::gap::Gap;
 use crate::slot::state::{Identity, Recorded};
 use chrono::{DateTime, Utc};
 use std::time::Duration;
@@ -45,6 +47,15 @@ impl Decision {
                 Decision::Create => true,
                 Decision::Adopt { .. } | Decision::Stream { .. } => false,
             },
+            // A gap this decision found is still owed: the operator's range widens it, never
+            // replaces it.
+            gap: Some(Gap {
+                from_xid: match self {
+                    Decision::Lost(l) => l.gap.as_ref().and_then(|g| g.from_xid),
+                    _ => None,
+                },
+                since: Some(since),
+            }),
         }
     }
 }
@@ -53,7 +64,11 @@ impl Decision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loss {
     pub reason: LossReason,
-    /// Republish outbox rows created at or after this time; `None`: nothing bounds the gap.
+    /// The rows to republish; `None`: nothing proves a gap complete, so outboxd halts.
+    pub gap: Option<Gap>,
+    /// Where a time range over `created_at` would start (delivery mark − recovery window): what
+    /// an operator may pass to `outboxd recover --since` when `gap` is `None`. Only a guess:
+    /// rows whose `created_at` lies before it are not covered.
     pub since: Option<DateTime<Utc>>,
     /// The delivery mark the range was derived from (rows at or before it must still exist).
     pub mark: Option<DateTime<Utc>>,
@@ -135,6 +150,7 @@ pub fn decide(
             (None, _) => Decision::Create,
             (Some(_), Some(why)) => Decision::Lost(Loss {
                 reason: LossReason::InvalidatedWithoutState(why),
+                gap: None,
                 since: None,
                 mark: None,
                 slot_exists: true,
@@ -146,8 +162,8 @@ pub fn decide(
         };
     };
     let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
-    // Rows committed after the mark were not all acknowledged; rows of a transaction carry its
-    // start time, up to `window` before its commit.
+    // Only a hint for a person: rows of a transaction carry its start time (up to `window`
+    // before its commit), when the writer did not set created_at itself.
     let from_mark = st
         .delivery_mark
         .unwrap_or(st.created_at)
@@ -156,21 +172,34 @@ pub fn decide(
     // A slot that still streams, on the history the state was written on, is kept.
     let replace_slot =
         slot.is_none() || invalid.is_some() || st.identity.system_id != identity.system_id;
-    let lost = |reason, since: DateTime<Utc>| {
+    let exact = st.delivered_xid.map(|x| Gap {
+        from_xid: Some(x),
+        since: None,
+    });
+    let lost = |reason, gap: Option<Gap>, since: DateTime<Utc>| {
         Decision::Lost(Loss {
             reason,
+            gap,
             since: Some(since),
             mark: st.delivery_mark,
             slot_exists: slot.is_some(),
             replace_slot,
         })
     };
-    if let Some(since) = st.recovering_since {
+    if st.recovering_since.is_some() || st.recovering_xid.is_some() {
         let why = st
             .recovery_reason
             .clone()
             .unwrap_or_else(|| "unknown".into());
-        return lost(LossReason::Interrupted(why), since);
+        let gap = Gap {
+            from_xid: st.recovering_xid,
+            since: st.recovering_since,
+        };
+        let hint = st.recovering_since.unwrap_or(from_mark);
+        // An interrupted recovery into another cluster: its ids are that cluster's.
+        let gap =
+            (st.identity.system_id == identity.system_id || gap.from_xid.is_none()).then_some(gap);
+        return lost(LossReason::Interrupted(why), gap, hint);
     }
     if st.identity.system_id != identity.system_id {
         return lost(
@@ -178,14 +207,15 @@ pub fn decide(
                 recorded: st.identity.system_id.clone(),
                 now: identity.system_id.clone(),
             },
+            None,
             from_mark,
         );
     }
     let Some(slot) = slot else {
-        return lost(LossReason::Missing, from_mark);
+        return lost(LossReason::Missing, exact, from_mark);
     };
     if let Some(why) = invalid {
-        return lost(LossReason::Invalidated(why), from_mark);
+        return lost(LossReason::Invalidated(why), exact, from_mark);
     }
     let mut notes = Vec::new();
     if st.identity.timeline != identity.timeline {
@@ -230,7 +260,9 @@ mod tests {
             identity: id("7", 1),
             acked_lsn: lsn,
             delivery_mark: mark.map(t),
+            delivered_xid: Some(1_000),
             recovering_since: None,
+            recovering_xid: None,
             recovery_reason: None,
             recoveries: 0,
             last_recovery_at: None,
@@ -283,7 +315,15 @@ mod tests {
             panic!()
         };
         assert_eq!(l.reason, LossReason::Missing);
-        assert_eq!(l.since, Some(t(-600)));
+        assert_eq!(
+            l.gap,
+            Some(Gap {
+                from_xid: Some(1_000),
+                since: None
+            }),
+            "the gap is exact: by transaction id, not by time"
+        );
+        assert_eq!(l.since, Some(t(-600)), "the time hint for an operator");
         assert_eq!(l.mark, Some(t(0)));
         assert!(!l.slot_exists && l.replace_slot);
         // Never delivered anything: the gap starts when the state was created.
@@ -304,27 +344,64 @@ mod tests {
         );
         let d = decide(Some(&state(90, Some(0))), Some(&slot(50)), &id("8", 1), W);
         assert!(
-            matches!(&d, Decision::Lost(l) if l.reason.label() == "new_system"),
-            "{d:?}"
+            matches!(&d, Decision::Lost(l) if l.reason.label() == "new_system" && l.gap.is_none()),
+            "a logical restore cannot prove a gap complete: {d:?}"
         );
         let mut st = state(90, Some(0));
         st.recovering_since = Some(t(-5));
         st.recovery_reason = Some("missing".into());
         let d = decide(Some(&st), Some(&slot(50)), &id("7", 1), W);
         assert!(
-            matches!(&d, Decision::Lost(l) if l.since == Some(t(-5)) && l.reason.label() == "interrupted" && !l.replace_slot),
+            matches!(&d, Decision::Lost(l) if l.gap == Some(Gap { from_xid: None, since: Some(t(-5)) }) && l.reason.label() == "interrupted" && !l.replace_slot),
             "{d:?}"
+        );
+        st.recovering_since = None;
+        st.recovering_xid = Some(900);
+        let d = decide(Some(&st), None, &id("7", 1), W);
+        assert!(
+            matches!(&d, Decision::Lost(l) if l.gap == Some(Gap { from_xid: Some(900), since: None }) && l.replace_slot),
+            "an interrupted exact recovery resumes with its own bound: {d:?}"
         );
         st.identity.system_id = "6".into();
         let d = decide(Some(&st), Some(&slot(50)), &id("7", 1), W);
         assert!(
-            matches!(&d, Decision::Lost(l) if l.replace_slot),
-            "an interrupted recovery into another cluster replaces the slot: {d:?}"
+            matches!(&d, Decision::Lost(l) if l.replace_slot && l.gap.is_none()),
+            "an interrupted recovery into another cluster replaces the slot, and its ids do not \
+             count here: {d:?}"
         );
         let d = decide(None, Some(&bad), &id("7", 1), W);
         assert!(
             matches!(&d, Decision::Lost(l) if l.since.is_none()),
             "{d:?}"
+        );
+    }
+
+    #[test]
+    fn a_row_without_delivered_xid_cannot_recover_by_itself() {
+        let mut st = state(90, Some(0));
+        st.delivered_xid = None;
+        let Decision::Lost(l) = decide(Some(&st), None, &id("7", 1), W) else {
+            panic!()
+        };
+        assert_eq!(l.gap, None);
+        assert_eq!(l.since, Some(t(-600)));
+    }
+
+    #[test]
+    fn an_operators_range_widens_an_owed_gap() {
+        let d = decide(Some(&state(90, Some(0))), None, &id("7", 1), W);
+        let l = d.manual_loss(false, t(-60));
+        assert_eq!(
+            l.gap,
+            Some(Gap {
+                from_xid: Some(1_000),
+                since: Some(t(-60))
+            })
+        );
+        let healthy = decide(Some(&state(40, Some(0))), Some(&slot(50)), &id("7", 1), W);
+        assert_eq!(
+            healthy.manual_loss(true, t(-60)).gap.unwrap().from_xid,
+            None
         );
     }
 

@@ -2,6 +2,7 @@
 //! lost slot's gap from the outbox table (docs/reliability.md, "Slot loss").
 
 pub(crate) mod fence;
+pub(crate) mod gap;
 pub(crate) mod guard;
 pub(crate) mod recovery;
 pub(crate) mod state;

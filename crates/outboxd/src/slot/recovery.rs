@@ -1,12 +1,13 @@
 //! Slot-loss recovery: republish, from the outbox table, what a lost slot never streamed.
 //!
 //! The outbox table is the source of truth; the slot is only a cursor over its inserts. When
-//! the cursor is gone ([`crate::slot::guard`] decides that), the gap is every row created since
-//! the delivery mark minus `source.recovery_window`. The procedure leaves no gap and is safe to
-//! kill at any point:
+//! the cursor is gone ([`crate::slot::guard`] decides that), the gap is every row written by a
+//! transaction at or after the state row's `delivered_xid` ([`crate::slot::gap`]: exact, whatever
+//! `created_at` holds), plus, on an operator's request, rows created since `--since`. The
+//! procedure leaves no gap and is safe to kill at any point:
 //!
-//! 1. Record the intent (`recovering_since`) in `outboxd_slot_state`: a relay killed from here
-//!    on recovers the same range again.
+//! 1. Record the intent (`recovering_xid`, `recovering_since`) in `outboxd_slot_state`: a relay
+//!    killed from here on recovers the same rows again.
 //! 2. Replace the slot when it cannot stream (missing, invalidated, another cluster's): drop
 //!    it, then `CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT` on a replication session. The
 //!    exported snapshot sees exactly the transactions that committed before the new slot's
@@ -19,8 +20,8 @@
 //! 4. Wait for every acknowledgement, then rebase the state row (clearing the intent) and
 //!    start streaming from the slot's consistent point.
 //!
-//! Duplicates are the price (rows between the mark minus the window and the consistent point
-//! that had been delivered); consumers dedupe on `event_id`.
+//! Duplicates are the price (rows of transactions between `delivered_xid` and the loss that had
+//! been delivered); consumers dedupe on `event_id`.
 
 use crate::config::{Config, SlotLossPolicy};
 use crate::error::RelayError;
@@ -28,7 +29,8 @@ use crate::relay::kafka::{Ack, Producer};
 use crate::relay::source::{self, quote_ident};
 use crate::relay::stages::Stages;
 use crate::relay::table_reader::{self, Flow, NoHooks, TableReader};
-use crate::slot::guard::{Loss, LossReason};
+use crate::slot::gap;
+use crate::slot::guard::{Gap, Loss, LossReason};
 use crate::slot::state::{self as slot_state, Identity};
 use chrono::{DateTime, Utc};
 use pgwire_replication::ReplicationClient;
@@ -43,11 +45,14 @@ pub struct Prepared {
     /// Where the stream continues: the new slot's consistent point, or the kept slot's position.
     pub start: u64,
     reader: TableReader,
-    since: DateTime<Utc>,
+    gap: Gap,
     reason: LossReason,
     /// Database clock before the slot was created: every transaction that committed earlier is
     /// published once this recovery finished (the new delivery mark).
     mark: DateTime<Utc>,
+    /// The oldest transaction the reader's snapshot saw running, when the gap was exact: the
+    /// new `delivered_xid` once everything is acknowledged.
+    snapshot_xmin: Option<u64>,
     identity: Identity,
     new_slot: bool,
 }
@@ -79,69 +84,99 @@ impl std::fmt::Display for GapSummary {
     }
 }
 
-fn created_at(cfg: &Config) -> Result<String, RelayError> {
-    cfg.source.columns.resolve()?.created_at.ok_or_else(|| {
-        RelayError::SlotLost(
-            "the outbox mapping has no created_at column (source.columns.created_at), so the gap \
-             cannot be found by time: map a timestamptz column the writer fills with now()"
-                .into(),
-        )
-    })
-}
-
 fn qualified(cfg: &Config) -> String {
     let (schema, table) = cfg.table_name();
     format!("{}.{}", quote_ident(&schema), quote_ident(&table))
 }
 
-/// Counts the rows a recovery from `since` would republish.
-pub async fn summarize(
-    cfg: &Config,
-    sql: &Client,
-    since: DateTime<Utc>,
-) -> Result<GapSummary, RelayError> {
+/// Counts the rows a recovery of `gap` would republish (`first`/`last`: their `created_at`,
+/// when one is mapped).
+pub async fn summarize(cfg: &Config, sql: &Client, gap: &Gap) -> Result<GapSummary, RelayError> {
     let names = cfg.source.columns.resolve()?;
-    let ts = quote_ident(&created_at(cfg)?);
+    let filter = gap::filter(sql, gap, names.created_at.as_deref()).await?;
+    let range = match &names.created_at {
+        Some(c) => format!("min(o.{0}), max(o.{0})", quote_ident(c)),
+        None => "NULL::timestamptz, NULL::timestamptz".into(),
+    };
     let q = format!(
-        "SELECT {}::text, count(*), min({ts}), max({ts}) FROM {} WHERE {ts} >= $1 GROUP BY 1 ORDER BY 1",
+        "SELECT o.{}::text, count(*), {range} FROM {} AS o WHERE {filter} GROUP BY 1 ORDER BY 1",
         quote_ident(&names.event_type),
         qualified(cfg)
     );
     let mut s = GapSummary::default();
-    for r in sql.query(&q, &[&since]).await? {
+    for r in sql.query(&q, &[]).await? {
         let n: i64 = r.get(1);
         s.per_type
             .push((r.get::<_, Option<String>>(0).unwrap_or_default(), n));
         s.total += n;
-        let (a, b): (DateTime<Utc>, DateTime<Utc>) = (r.get(2), r.get(3));
-        s.first = Some(s.first.map_or(a, |f| f.min(a)));
-        s.last = Some(s.last.map_or(b, |l| l.max(b)));
+        let (a, b): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = (r.get(2), r.get(3));
+        if let (Some(a), Some(b)) = (a, b) {
+            s.first = Some(s.first.map_or(a, |f| f.min(a)));
+            s.last = Some(s.last.map_or(b, |l| l.max(b)));
+        }
     }
     Ok(s)
+}
+
+/// Why nothing proves this loss's gap complete (its `gap` is `None`).
+fn unproven(loss: &Loss) -> &'static str {
+    match loss.reason {
+        LossReason::NewSystem { .. } | LossReason::Interrupted(_) => {
+            "the delivery state was written by another cluster (a logical restore, or a copy), \
+             whose transaction ids say nothing about this one, so no gap can be proven complete"
+        }
+        LossReason::InvalidatedWithoutState(_) => "outboxd cannot recover it by itself",
+        _ => {
+            "the delivery state has no transaction-id mark yet (delivered_xid: written by an \
+             older outboxd, or an adopted slot whose first mark was not acknowledged yet), so no \
+             gap can be proven complete"
+        }
+    }
 }
 
 /// The error a loss turns into when outboxd will not recover it by itself: what happened, the
 /// gap, and the command that recovers it.
 async fn refusal(cfg: &Config, sql: &Client, loss: &Loss, why: &str) -> RelayError {
-    let gap = match loss.since {
-        Some(since) => match summarize(cfg, sql, since).await {
-            Ok(s) => format!(
-                "the gap is every outbox row created since {}: {s} now in the table",
-                since.to_rfc3339()
-            ),
-            Err(e) => format!(
-                "the gap starts at {} (rows not counted: {e})",
-                since.to_rfc3339()
-            ),
-        },
-        None => "nothing records where the gap starts".into(),
-    };
-    let cmd = match loss.since {
-        Some(since) => format!(
-            "outboxd recover --config FILE --dry-run, then outboxd recover --config FILE --since {}",
-            since.to_rfc3339()
+    let (gap, cmd) = match (&loss.gap, loss.since) {
+        (Some(g), _) => (
+            match summarize(cfg, sql, g).await {
+                Ok(s) => format!("the gap is the outbox {g}: {s} now in the table"),
+                Err(e) => format!("the gap is the outbox {g} (rows not counted: {e})"),
+            },
+            "outboxd recover --config FILE --dry-run, then outboxd recover --config FILE".into(),
         ),
-        None => "outboxd recover --config FILE --since <time the relay last delivered, minus the longest transaction>".into(),
+        (None, Some(since)) => {
+            let guess = Gap {
+                from_xid: None,
+                since: Some(since),
+            };
+            (
+                match summarize(cfg, sql, &guess).await {
+                    Ok(s) => format!(
+                        "a time range can only approximate the gap: since {} (the delivery mark \
+                         minus source.recovery_window) the table holds {s}; rows whose \
+                         created_at lies earlier are not in it",
+                        since.to_rfc3339()
+                    ),
+                    Err(e) => format!(
+                        "a time range can only approximate the gap: since {} (rows not \
+                         counted: {e})",
+                        since.to_rfc3339()
+                    ),
+                },
+                format!(
+                    "outboxd recover --config FILE --dry-run --since {0}, then outboxd recover \
+                     --config FILE --since {0} (choose an earlier time to be sure)",
+                    since.to_rfc3339()
+                ),
+            )
+        }
+        (None, None) => (
+            "nothing records where the gap starts".into(),
+            "outboxd recover --config FILE --since <time the relay last delivered, minus the \
+             longest transaction>"
+                .into(),
+        ),
     };
     RelayError::SlotLost(format!(
         "replication slot {:?}: {}. {why}; {gap}. Nothing past the gap was published. Recover \
@@ -151,8 +186,8 @@ async fn refusal(cfg: &Config, sql: &Client, loss: &Loss, why: &str) -> RelayErr
 }
 
 /// Steps 1–2 of the module docs. Refuses (definite [`RelayError::SlotLost`]) under
-/// `on_slot_loss = "halt"`, when nothing bounds the gap, or when the table no longer holds the
-/// rows at the delivery mark; `manual` (the `recover` command) skips the last two checks.
+/// `on_slot_loss = "halt"`, when nothing proves the gap complete, or when the table no longer
+/// holds the rows at the delivery mark; `manual` (the `recover` command) skips the last check.
 pub async fn prepare(
     cfg: &Config,
     sql: &Client,
@@ -164,14 +199,14 @@ pub async fn prepare(
     let label = loss.reason.label();
     metrics::counter!(crate::obs::SLOT_LOSSES, "reason" => label).increment(1);
     metrics::gauge!(crate::obs::SLOT_LAST_LOSS).set(crate::obs::now_us() as f64 / 1e6);
-    tracing::error!(slot = %cfg.source.slot, reason = label, since = ?loss.since.map(|s| s.to_rfc3339()), "replication slot lost: {}", loss.reason);
+    tracing::error!(slot = %cfg.source.slot, reason = label, gap = ?loss.gap.as_ref().map(|g| g.to_string()), "replication slot lost: {}", loss.reason);
     if !manual && cfg.source.on_slot_loss == SlotLossPolicy::Halt {
         return Err(refusal(cfg, sql, loss, "source.on_slot_loss = \"halt\"").await);
     }
-    let Some(since) = loss.since else {
-        return Err(refusal(cfg, sql, loss, "outboxd cannot recover it by itself").await);
+    let Some(gap) = loss.gap.clone() else {
+        return Err(refusal(cfg, sql, loss, unproven(loss)).await);
     };
-    let ts = quote_ident(&created_at(cfg)?);
+    let names = cfg.source.columns.resolve()?;
     // Two instances may detect the loss at once: one recovers, the other stands by.
     let locked: bool = sql
         .query_one(
@@ -186,16 +221,18 @@ pub async fn prepare(
             pid: "(another instance is recovering it)".into(),
         });
     }
-    if let (Some(mark), false, false) = (
+    if let (Some(mark), Some(ts), false, false) = (
         loss.mark,
+        &names.created_at,
         manual,
         matches!(loss.reason, LossReason::Interrupted(_)),
     ) {
         // Rows delivered at the mark were in the table; if none is left, cleanup (or a writer
         // that deletes in the inserting transaction) may have removed gap rows too.
         let q = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE {ts} <= $1)",
-            qualified(cfg)
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE {} <= $1)",
+            qualified(cfg),
+            quote_ident(ts)
         );
         let present: bool = sql.query_one(&q, &[&mark]).await?.get(0);
         if !present {
@@ -209,7 +246,7 @@ pub async fn prepare(
             return Err(refusal(cfg, sql, loss, &why).await);
         }
     }
-    slot_state::begin_recovery(sql, &cfg.source.slot, identity, since, label).await?;
+    slot_state::begin_recovery(sql, &cfg.source.slot, identity, &gap, label).await?;
     crate::fail::hit("recovery_intent");
     let mark: DateTime<Utc> = sql.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
     let reader = source::sql_connect(cfg).await?;
@@ -239,20 +276,21 @@ pub async fn prepare(
             .ok_or_else(|| RelayError::Postgres(format!("slot {:?} vanished", cfg.source.slot)))?;
         (None, slot.confirmed_flush)
     };
-    let (relation, _) = table_reader::relation(cfg, &reader).await?;
-    let names = cfg.source.columns.resolve()?;
-    // Qualified: a bare name would sort by the same-named ::text output column ("10" < "9").
-    let mut order = vec![
-        format!("o.{}", quote_ident(&names.aggregate_type)),
-        format!("o.{}", quote_ident(&names.aggregate_id)),
-    ];
-    if let Some(v) = &names.aggregate_version {
-        if relation.columns.iter().any(|c| &c.name == v) {
-            order.push(format!("o.{}", quote_ident(v)));
+    let filter = gap::filter(&reader, &gap, names.created_at.as_deref()).await?;
+    // Once every row this snapshot sees is published, every transaction older than the oldest
+    // one it saw running is delivered: the new delivered_xid, when the gap was exact.
+    let snapshot_xmin = match gap.from_xid {
+        Some(_) => {
+            let t: String = reader
+                .query_one("SELECT pg_snapshot_xmin(pg_current_snapshot())::text", &[])
+                .await?
+                .get(0);
+            t.parse().ok()
         }
-    }
-    order.push(format!("o.{ts}"));
-    let filter = format!("o.{ts} >= {}", quote_literal(&since.to_rfc3339()));
+        None => None,
+    };
+    let (relation, _) = table_reader::relation(cfg, &reader).await?;
+    let order = version_order(cfg, &reader, &relation).await?;
     let reader = TableReader::cursor(
         cfg,
         reader,
@@ -267,12 +305,48 @@ pub async fn prepare(
         repl,
         start,
         reader,
-        since,
+        gap,
         reason: loss.reason.clone(),
         mark,
+        snapshot_xmin,
         identity: identity.clone(),
         new_slot: loss.replace_slot,
     })
+}
+
+/// The order a recovery republishes rows in (docs/reliability.md, "Order"): per aggregate, by
+/// version when the mapping has one; then by commit time when Postgres records it
+/// (`track_commit_timestamp = on`); then by the writing transaction's id, older first (ids are
+/// handed out at a transaction's first write, so for two transactions writing one aggregate it
+/// follows the order of their writes, where `created_at`, a transaction's start or whatever
+/// the application put there, may not); then by the row's place in the table (insertion order
+/// within a transaction). Qualified: a bare name would sort by the same-named `::text` output
+/// column ("10" < "9").
+pub async fn version_order(
+    cfg: &Config,
+    client: &Client,
+    relation: &crate::relay::pgoutput::Relation,
+) -> Result<Vec<String>, RelayError> {
+    let names = cfg.source.columns.resolve()?;
+    let mut order = vec![
+        format!("o.{}", quote_ident(&names.aggregate_type)),
+        format!("o.{}", quote_ident(&names.aggregate_id)),
+    ];
+    if let Some(v) = &names.aggregate_version {
+        if relation.columns.iter().any(|col| &col.name == v) {
+            order.push(format!("o.{}", quote_ident(v)));
+        }
+    }
+    let commit_ts: String = client
+        .query_one("SELECT current_setting('track_commit_timestamp')", &[])
+        .await?
+        .get(0);
+    if commit_ts == "on" {
+        order.push("pg_xact_commit_timestamp(o.xmin) NULLS FIRST".into());
+    }
+    order.push("age(o.xmin) DESC".into());
+    order.push("o.ctid".into());
+    Ok(order)
 }
 
 async fn drop_slot(cfg: &Config, sql: &Client) -> Result<(), RelayError> {
@@ -319,14 +393,23 @@ pub async fn publish(
     let events = p.reader.sent() as i64;
     p.reader.client().batch_execute("COMMIT").await?;
     let lsn = p.new_slot.then_some(p.start);
-    slot_state::finish_recovery(st.sql(), st.slot(), &p.identity, lsn, p.mark, events).await?;
+    slot_state::finish_recovery(
+        st.sql(),
+        st.slot(),
+        &p.identity,
+        lsn,
+        p.mark,
+        p.snapshot_xmin,
+        events,
+    )
+    .await?;
     let secs = started.elapsed().as_secs_f64();
     metrics::counter!(crate::obs::RECOVERIES, "reason" => p.reason.label()).increment(1);
     metrics::counter!(crate::obs::RECOVERED_EVENTS).increment(events as u64);
     tracing::warn!(
         slot = %cfg.source.slot,
         reason = p.reason.label(),
-        since = %p.since.to_rfc3339(),
+        gap = %p.gap,
         events,
         seconds = secs,
         resume_lsn = %source::fmt_lsn(p.start),

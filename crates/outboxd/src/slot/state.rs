@@ -9,15 +9,21 @@
 //!   acknowledgements, so after a Postgres crash the stream may start there instead of at the
 //!   slot's older checkpointed position. Because the row is WAL-logged in the same database, a
 //!   restored or promoted server can only show a value whose WAL it also holds;
-//! - `delivery_mark`: the commit time of the newest fully acknowledged transaction with events.
-//!   Time, unlike an LSN, means the same thing in every cluster, so it bounds the rows a
-//!   recovery must republish from the outbox table;
+//! - `delivered_xid`: every transaction whose id is below it finished before `acked_lsn`, so
+//!   whatever it wrote to the outbox is on the broker. This is the exact bound of a lost slot's
+//!   gap ([`crate::slot::gap`]): unlike a time, it does not depend on what a row's `created_at`
+//!   holds, how long a transaction ran or whose clock was right. It moves in two steps (see
+//!   [`XidProbe`]): sample the oldest running transaction id and the WAL position, and adopt the
+//!   id once the acknowledged position passed that WAL position;
+//! - `delivery_mark`: the commit time of the newest fully acknowledged transaction with events,
+//!   for people (status) and for cleanup's time bound;
 //! - `recovering_since`: set before a recovery starts and cleared when it finished, so a relay
 //!   killed mid-recovery recovers again.
 //!
 //! It is written every `source.state_interval_ms`, never per event.
 
 use crate::error::RelayError;
+use crate::slot::gap::Gap;
 use chrono::{DateTime, Utc};
 use tokio_postgres::Client;
 
@@ -39,7 +45,12 @@ pub struct Recorded {
     pub identity: Identity,
     pub acked_lsn: u64,
     pub delivery_mark: Option<DateTime<Utc>>,
+    /// See the module docs; `None` on rows written before outboxd recorded it, or adopted
+    /// slots before their first probe was acknowledged.
+    pub delivered_xid: Option<u64>,
     pub recovering_since: Option<DateTime<Utc>>,
+    /// The gap of the recovery under way, as a transaction id (`None`: a time range was asked).
+    pub recovering_xid: Option<u64>,
     pub recovery_reason: Option<String>,
     pub recoveries: i64,
     pub last_recovery_at: Option<DateTime<Utc>>,
@@ -65,25 +76,43 @@ pub async fn load_if_present(sql: &Client, slot: &str) -> Result<Option<Recorded
     }
 }
 
-/// Creates the table when missing (`run` does this too, for users who never ran `init`).
+/// Creates the table when missing, or adds the columns of a newer outboxd (`run` does this too,
+/// for users who never ran `init`).
 pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
-    if table_exists(sql).await? {
+    if table_exists(sql).await? && has_xid_columns(sql).await? {
         return Ok(());
     }
     sql.batch_execute(&crate::schema::unqualified(STATE_SQL))
         .await
         .map_err(|e| {
             RelayError::Setup(format!(
-                "cannot create outboxd_slot_state ({}): run `outboxd init` as a role that may \
-             create tables",
+                "cannot create or upgrade outboxd_slot_state ({}): run `outboxd init` as a role \
+                 that may create tables and owns outboxd_slot_state",
                 RelayError::from(e)
             ))
         })
 }
 
+async fn has_xid_columns(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT count(*) = 2 FROM pg_attribute \
+             WHERE attrelid = to_regclass('outboxd_slot_state') \
+               AND attname IN ('delivered_xid', 'recovering_xid') AND NOT attisdropped",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 const COLUMNS: &str = "system_identifier, timeline, (acked_lsn - '0/0')::bigint, delivery_mark, \
      recovering_since, recovery_reason, recoveries, last_recovery_at, last_recovery_events, \
-     created_at, updated_at";
+     created_at, updated_at, delivered_xid::text, recovering_xid::text";
+
+/// An `xid8` read as text (tokio-postgres has no type for it).
+fn xid(r: &tokio_postgres::Row, i: usize) -> Option<u64> {
+    r.get::<_, Option<String>>(i).and_then(|t| t.parse().ok())
+}
 
 /// The slot's row, if the relay ever wrote one (on this database's history).
 pub async fn load(sql: &Client, slot: &str) -> Result<Option<Recorded>, RelayError> {
@@ -105,36 +134,68 @@ pub async fn load(sql: &Client, slot: &str) -> Result<Option<Recorded>, RelayErr
         last_recovery_events: r.get(8),
         created_at: r.get(9),
         updated_at: r.get(10),
+        delivered_xid: xid(&r, 11),
+        recovering_xid: xid(&r, 12),
     }))
 }
 
-/// (Re)bases the row on `identity` at `lsn`: first start, adoption of an existing slot, or the
-/// end of a recovery. Counters and the recovery history survive.
+/// (Re)bases the row on `identity` at `lsn`: first start or adoption of an existing slot.
+/// `xid`: the oldest transaction still running before the slot was created (everything older
+/// committed before the slot's start, so it is not this relay's to publish); `None` when the
+/// slot already existed and its backlog is unknown (the first acknowledged probe sets it).
 pub async fn reset(
     sql: &Client,
     slot: &str,
     identity: &Identity,
     lsn: u64,
-    mark: Option<DateTime<Utc>>,
+    xid: Option<u64>,
 ) -> Result<(), RelayError> {
     sql.execute(
         "INSERT INTO outboxd_slot_state AS s \
-             (slot_name, system_identifier, timeline, acked_lsn, delivery_mark) \
-         VALUES ($1, $2, $3, $4::text::pg_lsn, $5) \
+             (slot_name, system_identifier, timeline, acked_lsn, delivered_xid) \
+         VALUES ($1, $2, $3, $4::text::pg_lsn, $5::text::xid8) \
          ON CONFLICT (slot_name) DO UPDATE SET system_identifier = EXCLUDED.system_identifier, \
              timeline = EXCLUDED.timeline, acked_lsn = EXCLUDED.acked_lsn, \
-             delivery_mark = COALESCE(EXCLUDED.delivery_mark, s.delivery_mark), \
-             updated_at = now()",
+             delivered_xid = EXCLUDED.delivered_xid, updated_at = now()",
         &[
             &slot,
             &identity.system_id,
             &(identity.timeline as i64),
             &lsn_text(lsn),
-            &mark,
+            &xid.map(|x| x.to_string()),
         ],
     )
     .await?;
     Ok(())
+}
+
+/// The oldest transaction id still running and the WAL insert position, read in one statement
+/// (the statement's snapshot is taken before the position): every transaction with a smaller
+/// id wrote its commit record before that position. Once the acknowledged position passes it,
+/// the id is the new `delivered_xid`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidProbe {
+    pub xmin: u64,
+    pub lsn: u64,
+}
+
+impl XidProbe {
+    pub async fn take(sql: &Client) -> Result<Self, RelayError> {
+        let r = sql
+            .query_one(
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text, \
+                        (pg_current_wal_insert_lsn() - '0/0')::bigint",
+                &[],
+            )
+            .await?;
+        let xmin: String = r.get(0);
+        Ok(Self {
+            xmin: xmin
+                .parse()
+                .map_err(|_| RelayError::Postgres(format!("unreadable xid8 {xmin:?}")))?,
+            lsn: r.get::<_, i64>(1) as u64,
+        })
+    }
 }
 
 /// Periodic progress: only ever forward, only on the history it was based on, and only by the
@@ -148,12 +209,14 @@ pub async fn advance(
     holder: i32,
     lsn: u64,
     mark: Option<DateTime<Utc>>,
+    xid: Option<u64>,
 ) -> Result<bool, RelayError> {
     let n = sql
         .execute(
             "UPDATE outboxd_slot_state SET \
              acked_lsn = GREATEST(acked_lsn, $3::text::pg_lsn), \
-             delivery_mark = GREATEST(delivery_mark, $4), timeline = $5, updated_at = now() \
+             delivery_mark = GREATEST(delivery_mark, $4), timeline = $5, \
+             delivered_xid = GREATEST(delivered_xid, $7::text::xid8), updated_at = now() \
          WHERE slot_name = $1 AND system_identifier = $2 \
            AND EXISTS (SELECT 1 FROM pg_replication_slots \
                        WHERE slot_name = $1 AND active_pid = $6)",
@@ -164,101 +227,66 @@ pub async fn advance(
                 &mark,
                 &(identity.timeline as i64),
                 &holder,
+                &xid.map(|x| x.to_string()),
             ],
         )
         .await?;
     Ok(n > 0)
 }
 
-/// What bounds outbox cleanup: the slowest slot's delivery mark (`crate::cleanup`).
-#[derive(Debug)]
-pub enum CleanupBound {
-    /// No state table or no row: nothing is known to be delivered.
-    NoState,
-    /// Nothing may be deleted now, and why.
-    Blocked(String),
-    /// Rows committed before `mark` are delivered on every slot; `slot` has the oldest mark.
-    Mark { slot: String, mark: DateTime<Utc> },
-}
-
-/// Every slot recorded in this database counts: several relays may read one outbox table, and
-/// a decommissioned relay's row must be deleted on purpose before its mark stops holding back.
-pub async fn cleanup_bound(sql: &Client) -> Result<CleanupBound, RelayError> {
-    if !table_exists(sql).await? {
-        return Ok(CleanupBound::NoState);
-    }
-    let rows = sql
-        .query(
-            "SELECT slot_name, delivery_mark, recovering_since FROM outboxd_slot_state \
-             ORDER BY delivery_mark ASC NULLS FIRST, slot_name",
-            &[],
-        )
-        .await?;
-    if let Some(r) = rows
-        .iter()
-        .find(|r| r.get::<_, Option<DateTime<Utc>>>(2).is_some())
-    {
-        return Ok(CleanupBound::Blocked(format!(
-            "slot {:?} is recovering a lost slot's gap from the outbox table; cleanup waits \
-             until that recovery finished (outboxd status)",
-            r.get::<_, String>(0)
-        )));
-    }
-    let Some(first) = rows.first() else {
-        return Ok(CleanupBound::NoState);
-    };
-    let slot: String = first.get(0);
-    match first.get::<_, Option<DateTime<Utc>>>(1) {
-        None => Ok(CleanupBound::Blocked(format!(
-            "slot {slot:?} has not delivered anything yet (no delivery mark in \
-             outboxd_slot_state); if that relay was decommissioned, delete its row there"
-        ))),
-        Some(mark) => Ok(CleanupBound::Mark { slot, mark }),
-    }
-}
-
-/// Records the intent to recover from `since` before anything else happens, so a relay killed
-/// in the middle recovers the same range again.
+/// Records the intent to recover `gap` before anything else happens, so a relay killed in the
+/// middle recovers the same rows again: a second intent never narrows the first (each bound
+/// only moves back). Either column set tells cleanup that a recovery is under way.
 pub async fn begin_recovery(
     sql: &Client,
     slot: &str,
     identity: &Identity,
-    since: DateTime<Utc>,
+    gap: &Gap,
     reason: &str,
 ) -> Result<(), RelayError> {
     sql.execute(
         "INSERT INTO outboxd_slot_state AS s \
-             (slot_name, system_identifier, timeline, acked_lsn, recovering_since, recovery_reason) \
-         VALUES ($1, $2, $3, '0/0', $4, $5) \
+             (slot_name, system_identifier, timeline, acked_lsn, recovering_since, recovering_xid, \
+              recovery_reason) \
+         VALUES ($1, $2, $3, '0/0', $4, $6::text::xid8, $5) \
          ON CONFLICT (slot_name) DO UPDATE SET \
-             recovering_since = LEAST(COALESCE(s.recovering_since, EXCLUDED.recovering_since), \
-                                      EXCLUDED.recovering_since), \
+             recovering_since = LEAST(s.recovering_since, EXCLUDED.recovering_since), \
+             recovering_xid = LEAST(s.recovering_xid, EXCLUDED.recovering_xid), \
              recovery_reason = EXCLUDED.recovery_reason, updated_at = now()",
         &[
             &slot,
             &identity.system_id,
             &(identity.timeline as i64),
-            &since,
+            &gap.since,
             &reason,
+            &gap.from_xid.map(|x| x.to_string()),
         ],
     )
     .await?;
     Ok(())
 }
 
-/// The recovery's events are all acknowledged: rebase the row and clear the intent.
+/// The recovery's events are all acknowledged: rebase the row and clear the intent. `xid`: the
+/// recovery proved every transaction below it delivered (an exact gap, read under a snapshot
+/// whose oldest running transaction it is); `None` (an operator's time range) leaves the mark
+/// alone, except on another cluster's row, whose ids mean nothing here (cleared).
 pub async fn finish_recovery(
     sql: &Client,
     slot: &str,
     identity: &Identity,
     lsn: Option<u64>,
     mark: DateTime<Utc>,
+    xid: Option<u64>,
     events: i64,
 ) -> Result<(), RelayError> {
     sql.execute(
-        "UPDATE outboxd_slot_state SET system_identifier = $2, timeline = $3, \
+        "UPDATE outboxd_slot_state SET \
+             delivered_xid = CASE WHEN system_identifier IS DISTINCT FROM $2 THEN $7::text::xid8 \
+                                  ELSE GREATEST(delivered_xid, $7::text::xid8) END, \
+             system_identifier = $2, timeline = $3, \
              acked_lsn = COALESCE($4::text::pg_lsn, acked_lsn), \
              delivery_mark = GREATEST(delivery_mark, $5), recovering_since = NULL, \
+             recovering_xid = NULL, \
              recoveries = recoveries + 1, last_recovery_at = now(), last_recovery_events = $6, \
              updated_at = now() \
          WHERE slot_name = $1",
@@ -269,6 +297,7 @@ pub async fn finish_recovery(
             &lsn.map(lsn_text),
             &mark,
             &events,
+            &xid.map(|x| x.to_string()),
         ],
     )
     .await?;
