@@ -88,7 +88,7 @@ async fn a_thawed_holder_appends_nothing_after_the_new_holder() -> anyhow::Resul
 
     // Version 2 is read and handed to librdkafka, which lingers on it: freeze the holder then.
     let v2 = write_version(&env, 2).await?;
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     signal(&relays[0], libc::SIGSTOP);
     assert!(
         env.confirmed_lsn().await? <= v2,

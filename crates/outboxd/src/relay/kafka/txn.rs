@@ -28,8 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify, RwLock};
 
-/// Longest a transaction stays open while its records keep being acknowledged.
-const COMMIT_EVERY: Duration = Duration::from_millis(100);
+/// Longest a transaction stays open while its reports never all catch up (a steady load): a
+/// commit makes librdkafka send at once, so committing sooner would defeat `linger.ms`.
+const COMMIT_EVERY: Duration = Duration::from_secs(1);
 /// Bound on `init_transactions` and on a commit (which waits for the transaction's records).
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -135,6 +136,7 @@ impl Txn {
     }
 
     /// Something to commit, or held acknowledgements of committed records to hand over.
+    /// `timed_out`: the transaction has been open [`COMMIT_EVERY`].
     fn due(&self, timed_out: bool) -> bool {
         let (sent, committed) = (self.sent.load(SeqCst), self.committed.load(SeqCst));
         let all_in = self.reported.load(SeqCst) >= sent;
@@ -194,11 +196,18 @@ impl Producer {
             })?;
         let (inner, acks) = (p.inner.clone(), p.inner.context().acks.clone());
         p._committer = Some(Committer(tokio::spawn(async move {
+            let mut opened: Option<std::time::Instant> = None;
             loop {
-                let woke = tokio::time::timeout(COMMIT_EVERY, txn.wake.notified()).await;
-                if !txn.due(woke.is_err()) {
+                let _ = tokio::time::timeout(COMMIT_EVERY / 4, txn.wake.notified()).await;
+                let open = txn.sent.load(SeqCst) > txn.committed.load(SeqCst);
+                let since = *opened.get_or_insert_with(std::time::Instant::now);
+                if !open {
+                    opened = None;
+                }
+                if !txn.due(since.elapsed() >= COMMIT_EVERY) {
                     continue;
                 }
+                opened = None;
                 let gate = txn.gate.clone().write_owned().await;
                 let (t, p, a) = (txn.clone(), inner.clone(), acks.clone());
                 let settled = tokio::task::spawn_blocking(move || {
