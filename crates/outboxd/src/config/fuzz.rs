@@ -52,6 +52,7 @@ const KEYS: &[(&str, &str)] = &[
     ("relay", "takeover_after_ms"),
     ("relay", "repair_interval_ms"),
     ("relay", "read_linger_ms"),
+    ("relay", "broker_fencing"),
     ("log", "format"),
     ("metrics", "listen"),
     ("policy", "ordering"),

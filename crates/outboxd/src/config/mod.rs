@@ -254,6 +254,12 @@ pub struct RelayConfig {
     /// when it follows the previous one that closely. 0: read each one as soon as it arrives.
     #[serde(default = "d_read_linger_ms", deserialize_with = "lenient")]
     pub read_linger_ms: u64,
+    /// Fence at the broker: produce in Kafka transactions under a `transactional.id` derived
+    /// from the database and the slot, so the next holder's producer fences this one's at the
+    /// broker and nothing a frozen holder still has queued lands after the new holder's records
+    /// (`relay::kafka::txn`). Consumers must read `read_committed`. Off: no transactions.
+    #[serde(default, deserialize_with = "lenient")]
+    pub broker_fencing: bool,
 }
 
 impl Default for RelayConfig {
@@ -267,6 +273,7 @@ impl Default for RelayConfig {
             standby_poll_ms: d_standby_ms(),
             takeover_after_ms: d_takeover_ms(),
             read_linger_ms: d_read_linger_ms(),
+            broker_fencing: false,
         }
     }
 }

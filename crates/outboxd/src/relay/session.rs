@@ -146,7 +146,8 @@ pub async fn run_session_as(
         shadow.cloned(),
     ))
     .await?;
-    let (producer, mut acks) = Producer::new(cfg, observed.clone())?;
+    let (producer, mut acks) =
+        Producer::for_session(cfg, observed.clone(), &identity.system_id, st.sql()).await?;
     let mut repl = match recovery {
         None => source::start_stream(cfg, start, status_interval).await?,
         Some(p) => {
@@ -219,7 +220,11 @@ pub async fn run_session_as(
                 biased;
                 _ = shutdown.changed() => return Ok(()),
                 e = holder.lost() => return Err(e),
-                Some(ack) = acks.recv() => st.on_ack(ack, &producer).await?,
+                Some(ack) = acks.recv() => {
+                    // An ack may release the next parked event: not from a fenced instance.
+                    holder.check_after_gap(cfg, st.sql()).await?;
+                    st.on_ack(ack, &producer).await?
+                }
                 ev = stream.recv(), if room => {
                     // Events read before a freeze are not produced by a fenced instance.
                     holder.check_after_gap(cfg, st.sql()).await?;

@@ -15,8 +15,10 @@
 //!
 //! Safety does not rest on the timing: Postgres lets one walsender hold the slot, and only the
 //! holder's confirms move it. A fenced instance that thaws finds its stream gone, cannot
-//! confirm, cannot beat, and cannot write the state row (its writes name its walsender); at
-//! worst it re-sends events the new holder also sends (duplicates, in order).
+//! confirm, cannot beat, and cannot write the state row (its writes name its walsender). It can
+//! still send what librdkafka had queued when it froze: librdkafka's threads resume before any
+//! check here runs, so those older records may land after the new holder's. Only the broker can
+//! refuse them: `relay.broker_fencing` ([`crate::relay::kafka::txn`]).
 
 use crate::config::Config;
 use crate::error::RelayError;

@@ -12,8 +12,10 @@ pub(crate) mod consumer;
 pub(crate) mod hint;
 mod log;
 pub(crate) mod oidc;
+pub(crate) mod txn;
 pub(crate) mod verdict;
 
+use verdict::{capture, header_str};
 pub use verdict::{Ack, Origin, Verdict};
 
 use crate::config::Config;
@@ -23,45 +25,13 @@ use crate::relay::ack::Seq;
 use crate::relay::route::Event;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{
     BaseRecord, DeliveryResult, Producer as _, ProducerContext, ThreadedProducer,
 };
 use rdkafka::ClientContext;
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-/// Copies a failed record out of librdkafka so it can be parked byte for byte.
-fn capture(m: &rdkafka::message::BorrowedMessage<'_>) -> ParkedRecord {
-    let header = |n: &str| {
-        let v = header_str(m, n);
-        (v != "?").then(|| v.to_string())
-    };
-    ParkedRecord {
-        event_id: header_str(m, "event_id").to_string(),
-        aggregate_type: header("aggregate_type"),
-        aggregate_id: header("aggregate_id"),
-        aggregate_version: header("aggregate_version").and_then(|v| v.parse().ok()),
-        event_type: header("event_type"),
-        topic: Some(m.topic().to_string()),
-        key: m.key().map(<[u8]>::to_vec),
-        payload: m.payload().map(<[u8]>::to_vec),
-        headers: m
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| {
-                        (
-                            h.key.to_string(),
-                            h.value.map(|v| String::from_utf8_lossy(v).into_owned()),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        timestamp_ms: m.timestamp().to_millis(),
-    }
-}
 
 /// Routes librdkafka's callbacks: delivery reports to the ack channel, logs to `tracing`.
 pub struct Ctx {
@@ -80,6 +50,8 @@ pub struct Ctx {
     observed: std::sync::Arc<crate::obs::Observed>,
     /// De-duplicates and rate-limits librdkafka's reports (see `log`).
     gate: log::Gate,
+    /// With `relay.broker_fencing`: the open Kafka transaction (delivered acks wait for it).
+    txn: Option<std::sync::Arc<txn::Txn>>,
 }
 
 fn now_ms() -> u64 {
@@ -180,14 +152,6 @@ pub fn broker_error_class(code: Option<RDKafkaErrorCode>) -> &'static str {
     }
 }
 
-fn header_str<'a>(m: &'a rdkafka::message::BorrowedMessage<'a>, name: &str) -> &'a str {
-    m.headers()
-        .and_then(|h| h.iter().find(|h| h.key == name))
-        .and_then(|h| h.value)
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .unwrap_or("?")
-}
-
 impl ProducerContext for Ctx {
     type DeliveryOpaque = usize;
 
@@ -233,7 +197,10 @@ impl ProducerContext for Ctx {
                 verdict
             }
         };
-        let _ = self.acks.send(Ack { origin, verdict });
+        match &self.txn {
+            Some(t) => t.report(Ack { origin, verdict }, &self.acks),
+            None => drop(self.acks.send(Ack { origin, verdict })),
+        }
     }
 }
 
@@ -291,8 +258,9 @@ pub fn client_config(cfg: &Config) -> ClientConfig {
 pub struct Producer {
     /// Declared first so it is dropped (stopped and joined) before the client it feeds.
     _oidc: Option<crate::relay::kafka::oidc::Refresher>,
-    inner: ThreadedProducer<Ctx>,
+    inner: std::sync::Arc<ThreadedProducer<Ctx>>,
     headers_cap: usize,
+    _committer: Option<txn::Committer>,
 }
 
 impl Producer {
@@ -300,8 +268,21 @@ impl Producer {
         cfg: &Config,
         observed: std::sync::Arc<crate::obs::Observed>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
+        Self::create(cfg, observed, None)
+    }
+
+    /// With a `transactional.id`, transactions are initialised by [`txn`], not here.
+    fn create(
+        cfg: &Config,
+        observed: std::sync::Arc<crate::obs::Observed>,
+        transactional_id: Option<&str>,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let inner: ThreadedProducer<Ctx> = client_config(cfg)
+        let mut cc = client_config(cfg);
+        if let Some(id) = transactional_id {
+            cc.set("transactional.id", id);
+        }
+        let inner: ThreadedProducer<Ctx> = cc
             .create_with_context(Ctx {
                 acks: tx,
                 attempt: observed
@@ -313,6 +294,7 @@ impl Producer {
                 last_error: std::sync::Mutex::new(None),
                 refused_at_ms: std::sync::atomic::AtomicU64::new(0),
                 gate: log::Gate::default(),
+                txn: transactional_id.map(|_| Default::default()),
             })
             // librdkafka refuses the configuration itself: retrying cannot help.
             .map_err(|e| {
@@ -347,8 +329,9 @@ impl Producer {
         Ok((
             Self {
                 _oidc: oidc,
-                inner,
+                inner: std::sync::Arc::new(inner),
                 headers_cap: 8,
+                _committer: None,
             },
             rx,
         ))
@@ -423,11 +406,22 @@ impl Producer {
         if let Some(ts) = ts {
             record = record.timestamp(ts);
         }
+        let txn = self.inner.context().txn.as_deref();
         loop {
-            match self.inner.send(record) {
+            let _open = match txn {
+                Some(t) => Some(t.enter().await),
+                None => None,
+            };
+            txn.inspect(|t| t.count(true));
+            let sent = self.inner.send(record);
+            if sent.is_err() {
+                txn.inspect(|t| t.count(false));
+            }
+            match sent {
                 Ok(()) => return,
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                     record = r;
+                    drop(_open);
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err((err, _)) => {
@@ -448,9 +442,11 @@ impl Producer {
     /// Waits up to `timeout` for outstanding deliveries (their acks arrive on the channel).
     pub fn flush(&self, timeout: Duration) {
         let _ = self.inner.flush(timeout);
+        if let Some(t) = &self.inner.context().txn {
+            t.flush(&self.inner, &self.inner.context().acks);
+        }
     }
 
-    /// Checks broker reachability by fetching metadata.
     /// Fetches the cluster's metadata; returns the names of its topics.
     pub fn ping(&self, timeout: Duration) -> Result<Vec<String>, RelayError> {
         self.inner

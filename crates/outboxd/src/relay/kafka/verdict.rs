@@ -7,6 +7,7 @@ use crate::poison::policy;
 use crate::poison::record::ParkedRecord;
 use crate::relay::ack::Seq;
 use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::{Headers, Message};
 
 /// Where an acknowledged record came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +94,47 @@ pub(super) fn classify(
             message,
         },
     }
+}
+
+/// Copies a failed record out of librdkafka so it can be parked byte for byte.
+pub(super) fn capture(m: &rdkafka::message::BorrowedMessage<'_>) -> ParkedRecord {
+    let header = |n: &str| {
+        let v = header_str(m, n);
+        (v != "?").then(|| v.to_string())
+    };
+    ParkedRecord {
+        event_id: header_str(m, "event_id").to_string(),
+        aggregate_type: header("aggregate_type"),
+        aggregate_id: header("aggregate_id"),
+        aggregate_version: header("aggregate_version").and_then(|v| v.parse().ok()),
+        event_type: header("event_type"),
+        topic: Some(m.topic().to_string()),
+        key: m.key().map(<[u8]>::to_vec),
+        payload: m.payload().map(<[u8]>::to_vec),
+        headers: m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_string(),
+                            h.value.map(|v| String::from_utf8_lossy(v).into_owned()),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        timestamp_ms: m.timestamp().to_millis(),
+    }
+}
+
+/// A header of a record librdkafka hands back, as text (`?` when absent or not UTF-8).
+pub(super) fn header_str<'a>(m: &'a rdkafka::message::BorrowedMessage<'a>, name: &str) -> &'a str {
+    m.headers()
+        .and_then(|h| h.iter().find(|h| h.key == name))
+        .and_then(|h| h.value)
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .unwrap_or("?")
 }
 
 #[cfg(test)]

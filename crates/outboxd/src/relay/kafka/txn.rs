@@ -1,0 +1,224 @@
+//! Fencing at the broker (`relay.broker_fencing`; docs/reliability.md, "Fencing").
+//!
+//! Why: a holder frozen (SIGSTOP, a paused VM) with records in librdkafka's queue sends them the
+//! moment it thaws: librdkafka's threads resume with the rest of the process, before the session
+//! loop can see that a standby took the slot, so older versions would land after the new
+//! holder's. No check inside the process closes that — the freeze can fall between any check and
+//! the send — but the broker can: every session produces in Kafka transactions under one
+//! `transactional.id` per database and slot ([`transactional_id`]). The new holder's
+//! `init_transactions` bumps the producer epoch, so the broker refuses every Produce of the old
+//! producer from then on (and Kafka aborts its open transaction: `read_committed` consumers never
+//! see those records).
+//!
+//! Acknowledgements wait for the commit: a delivered record of an open transaction may still be
+//! aborted, so its position must not be confirmed before the commit. A committer task commits as
+//! soon as every record of the open transaction has its report (at most [`COMMIT_EVERY`] apart
+//! under a steady load), keeping sends out meanwhile (librdkafka refuses a send during a commit),
+//! then hands the held acknowledgements to the session. Refusals are not held: the session ends
+//! (or parks) on them at once.
+
+use super::{Ack, Ctx, Producer, Verdict};
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::poison::policy;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{Producer as _, ThreadedProducer};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify, RwLock};
+
+/// Longest a transaction stays open while its reports never all catch up (a steady load): a
+/// commit makes librdkafka send at once, so committing sooner would defeat `linger.ms`.
+const COMMIT_EVERY: Duration = Duration::from_secs(1);
+/// Bound on `init_transactions` and on a commit (which waits for the transaction's records).
+const TXN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `transactional.id` of every session of one slot on one database: what lets the next
+/// holder fence this one. The timeline is left out so that a promoted replica's relay fences
+/// the old primary's.
+pub fn transactional_id(system_id: &str, database: &str, slot: &str) -> String {
+    format!("outboxd:{system_id}:{database}:{slot}")
+}
+
+/// The open transaction's bookkeeping, shared by the sends, librdkafka's delivery callback and
+/// the committer.
+#[derive(Default)]
+pub(super) struct Txn {
+    /// Sends hold it shared; a commit holds it exclusively.
+    gate: Arc<RwLock<()>>,
+    /// Records handed to librdkafka (counted before the hand-over, so a report never comes
+    /// before its record is counted), the reports of them, and `sent` at the last commit.
+    sent: AtomicU64,
+    reported: AtomicU64,
+    committed: AtomicU64,
+    /// Delivered records' acknowledgements, until their transaction commits.
+    held: Mutex<Vec<Ack>>,
+    wake: Notify,
+}
+
+impl Txn {
+    /// librdkafka's report on one record.
+    pub(super) fn report(&self, ack: Ack, acks: &mpsc::UnboundedSender<Ack>) {
+        if matches!(ack.verdict, Verdict::Delivered) {
+            self.held
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ack);
+        } else {
+            let _ = acks.send(ack);
+        }
+        if self.reported.fetch_add(1, SeqCst) + 1 >= self.sent.load(SeqCst) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// A send starts (hold the returned guard until librdkafka took or refused the record).
+    pub(super) async fn enter(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.gate.read().await
+    }
+
+    /// One record is about to be handed over (`true`) or was refused synchronously (`false`).
+    pub(super) fn count(&self, handing: bool) {
+        if handing {
+            self.sent.fetch_add(1, SeqCst);
+        } else {
+            self.sent.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Under the exclusive gate: commit what was sent since the last commit and open the next
+    /// transaction, then release the held acknowledgements (all of committed records: nothing
+    /// is sent meanwhile). A failed commit turns them into retriable failures: the session ends
+    /// and the next one produces them again from the slot.
+    fn settle(&self, p: &ThreadedProducer<Ctx>, acks: &mpsc::UnboundedSender<Ack>) -> bool {
+        let sent = self.sent.load(SeqCst);
+        let mut failed = None;
+        if sent != self.committed.swap(sent, SeqCst) {
+            if let Err(e) = p
+                .commit_transaction(TXN_TIMEOUT)
+                .and_then(|()| p.begin_transaction())
+            {
+                failed = Some(e);
+            }
+        }
+        let held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(e) = failed else {
+            for a in held {
+                let _ = acks.send(a);
+            }
+            return true;
+        };
+        let message = p.context().redactor.scrub(&e.to_string());
+        let code = e.rdkafka_error_code();
+        tracing::warn!(error = %message, "Kafka transaction not committed: the session restarts from the slot");
+        for a in held {
+            let verdict = Verdict::Retriable {
+                event_id: String::new(),
+                code: code.map_or_else(|| "Unknown".into(), |c| format!("{c:?}")),
+                class: code.map(policy::class_of).unwrap_or("delivery"),
+                message: message.clone(),
+            };
+            let _ = acks.send(Ack {
+                origin: a.origin,
+                verdict,
+            });
+        }
+        if let KafkaError::Transaction(t) = &e {
+            if t.txn_requires_abort() {
+                let _ = p.abort_transaction(TXN_TIMEOUT);
+                let _ = p.begin_transaction();
+                return true;
+            }
+        }
+        // Fenced or fatal: this producer can do nothing more.
+        false
+    }
+
+    /// Something to commit, or held acknowledgements of committed records to hand over.
+    /// `timed_out`: the transaction has been open [`COMMIT_EVERY`].
+    fn due(&self, timed_out: bool) -> bool {
+        let (sent, committed) = (self.sent.load(SeqCst), self.committed.load(SeqCst));
+        let all_in = self.reported.load(SeqCst) >= sent;
+        let held = !self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        (sent > committed && (all_in || timed_out)) || (sent == committed && held)
+    }
+
+    /// [`Producer::flush`]: commit now if no commit runs (the drain at the end of a session
+    /// blocks the runtime thread, so the committer task may not get to run).
+    pub(super) fn flush(&self, p: &ThreadedProducer<Ctx>, acks: &mpsc::UnboundedSender<Ack>) {
+        if let Ok(_gate) = self.gate.try_write() {
+            self.settle(p, acks);
+        }
+    }
+}
+
+/// The committer task; aborted when the producer is dropped.
+pub(super) struct Committer(tokio::task::JoinHandle<()>);
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Producer {
+    /// The session's producer: transactional, fencing earlier holders of the slot at the broker,
+    /// with `relay.broker_fencing`; plain otherwise. `system_id` is the database's.
+    pub async fn for_session(
+        cfg: &Config,
+        observed: Arc<crate::obs::Observed>,
+        system_id: &str,
+        sql: &tokio_postgres::Client,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
+        if !cfg.relay.broker_fencing {
+            return Self::new(cfg, observed);
+        }
+        let db = crate::relay::source::sql_bounded(async {
+            Ok(sql.query_one("SELECT current_database()", &[]).await?)
+        })
+        .await?
+        .get::<_, String>(0);
+        let id = transactional_id(system_id, &db, &cfg.source.slot);
+        let (mut p, rx) = Self::create(cfg, observed, Some(&id))?;
+        let txn = p.inner.context().txn.clone().expect("transactional");
+        // Blocking, once per session: this is the fence (the broker bumps the epoch).
+        p.inner
+            .init_transactions(TXN_TIMEOUT)
+            .and_then(|()| p.inner.begin_transaction())
+            .map_err(|e| {
+                let msg = cfg.redactor.scrub(&e.to_string());
+                RelayError::Kafka(format!("cannot start Kafka transactions: {msg}"))
+            })?;
+        let (inner, acks) = (p.inner.clone(), p.inner.context().acks.clone());
+        p._committer = Some(Committer(tokio::spawn(async move {
+            let mut opened: Option<std::time::Instant> = None;
+            loop {
+                let _ = tokio::time::timeout(COMMIT_EVERY / 4, txn.wake.notified()).await;
+                let open = txn.sent.load(SeqCst) > txn.committed.load(SeqCst);
+                let since = *opened.get_or_insert_with(std::time::Instant::now);
+                if !open {
+                    opened = None;
+                }
+                if !txn.due(since.elapsed() >= COMMIT_EVERY) {
+                    continue;
+                }
+                opened = None;
+                let gate = txn.gate.clone().write_owned().await;
+                let (t, p, a) = (txn.clone(), inner.clone(), acks.clone());
+                let settled = tokio::task::spawn_blocking(move || {
+                    let _gate = gate;
+                    t.settle(&p, &a)
+                });
+                if !settled.await.unwrap_or(false) {
+                    return;
+                }
+            }
+        })));
+        Ok((p, rx))
+    }
+}
