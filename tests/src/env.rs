@@ -116,13 +116,14 @@ max_backoff_ms = 1000
     /// The slot's confirmed_flush_lsn.
     pub async fn confirmed_lsn(&self) -> Result<u64> {
         let c = self.sql().await?;
+        // A missing slot (a recovery replacing it) has confirmed nothing yet.
         let row = c
-            .query_one(
+            .query_opt(
                 "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1",
                 &[&self.slot],
             )
             .await?;
-        Ok(row.get::<_, Option<i64>>(0).unwrap_or(0) as u64)
+        Ok(row.and_then(|r| r.get::<_, Option<i64>>(0)).unwrap_or(0) as u64)
     }
 
     /// Drops the slot (as an operator, a failover or a restore without it would), once no

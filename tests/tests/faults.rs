@@ -12,6 +12,7 @@
 //! at or before the confirmed LSN is checked to be on the broker.
 
 use anyhow::Context;
+use outboxd_tests::reliability::world::{world, World};
 use outboxd_tests::reliability::*;
 use outboxd_tests::testkit::Mode;
 use outboxd_tests::*;
@@ -91,13 +92,14 @@ async fn finish(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_path_cut_refuse_blackhole_latency_under_load() -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let env = Env::start_with_proxies("f_broker").await?;
-    create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
-    let inbox_dsn = env.pg.dsn(&consumer_db(&env.pg, "inbox").await?);
-    let reader = InboxReader::start(&env.bootstrap(), TOPIC, &inbox_dsn);
-    let writer = Writer::start(env.pg.dsn(&env.db), Load::default());
-    let config = env.config_file()?;
-    let log = env.dir.path().join("relay.log");
+    let World {
+        env,
+        inbox_dsn,
+        reader,
+        writer,
+        config,
+        log,
+    } = world(Env::start_with_proxies("f_broker").await?).await?;
     let mut relay = RelayProcess::spawn(&config, log.clone())?;
     let proxy = env.broker_proxy.as_ref().unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;

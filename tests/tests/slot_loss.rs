@@ -8,36 +8,11 @@
 //! occurrences in per-aggregate order, each effect exactly once in the consumer's table.
 
 use anyhow::Context;
+use outboxd_tests::reliability::world::{finish, world, CAUGHT_UP, TOPIC};
 use outboxd_tests::reliability::*;
 use outboxd_tests::testkit::{Broker, PgOptions, Postgres};
 use outboxd_tests::*;
 use std::time::{Duration, Instant};
-
-const TOPIC: &str = "outbox.event.acct";
-
-const CAUGHT_UP: Duration = Duration::from_secs(120);
-
-/// Stops the writer, waits for the relay and the consumer, verifies delivery and effects.
-async fn finish(
-    env: &Env,
-    writer: Writer,
-    reader: InboxReader,
-    inbox_dsn: &str,
-    relay: &mut RelayProcess,
-) -> anyhow::Result<(WriteLog, DeliveryReport)> {
-    let wlog = writer.stop().await?;
-    env.caught_up(CAUGHT_UP)
-        .await
-        .with_context(|| read_log(&relay.log))?;
-    let st = relay.sigterm()?;
-    assert!(
-        st.success(),
-        "graceful exit: {st}\n{}",
-        read_log(&relay.log)
-    );
-    let (_, report) = drain_and_verify(reader, &wlog, "acct", inbox_dsn).await?;
-    Ok((wlog, report))
-}
 
 async fn state_row(env: &Env) -> anyhow::Result<(i64, Option<i64>, bool)> {
     let c = env.sql().await?;
@@ -92,57 +67,6 @@ async fn delivered_then_dropped(
     assert!(relay.sigterm()?.success());
     env.drop_slot().await?;
     Ok((env, config, log, c))
-}
-
-struct World {
-    env: Env,
-    inbox_dsn: String,
-    reader: InboxReader,
-    writer: Writer,
-    config: std::path::PathBuf,
-    log: std::path::PathBuf,
-}
-
-impl World {
-    fn spawn(&self) -> anyhow::Result<RelayProcess> {
-        RelayProcess::spawn(&self.config, self.log.clone())
-    }
-
-    /// A relay delivers the first `n` committed events, then stops gracefully.
-    async fn deliver_then_stop(&self, n: usize) -> anyhow::Result<()> {
-        let mut relay = self.spawn()?;
-        self.writer
-            .wait_committed(n, Duration::from_secs(60))
-            .await?;
-        self.env.caught_up(CAUGHT_UP).await?;
-        assert!(relay.sigterm()?.success());
-        Ok(())
-    }
-
-    /// Waits until `more` events committed since the call (nothing streams them meanwhile).
-    async fn commit_more(&self, more: usize) -> anyhow::Result<()> {
-        let before = self.writer.committed_events();
-        self.writer
-            .wait_committed(before + more, Duration::from_secs(120))
-            .await
-    }
-}
-
-async fn world(env: Env) -> anyhow::Result<World> {
-    create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
-    let inbox_dsn = env.pg.dsn(&consumer_db(&env.pg, "inbox").await?);
-    let reader = InboxReader::start(&env.bootstrap(), TOPIC, &inbox_dsn);
-    let writer = Writer::start(env.pg.dsn(&env.db), Load::default());
-    let config = env.config_file()?;
-    let log = env.dir.path().join("relay.log");
-    Ok(World {
-        env,
-        inbox_dsn,
-        reader,
-        writer,
-        config,
-        log,
-    })
 }
 
 /// The first observation: relay stopped, slot dropped, events committed, relay started.

@@ -283,8 +283,26 @@ impl World {
         Ok(())
     }
 
+    /// Drops the slot and, with it, its relay's delivery state: the relay is decommissioned.
+    /// (A state row without its slot is a lost slot, which holds cleanup back, as it must.)
     pub async fn drop_slot(&self, slot: &str) -> Result<()> {
         let c = self.sql().await?;
+        self.drop_slot_only(&c, slot).await?;
+        let state: bool = c
+            .query_one("SELECT to_regclass('outboxd_slot_state') IS NOT NULL", &[])
+            .await?
+            .get(0);
+        if state {
+            c.execute(
+                "DELETE FROM outboxd_slot_state WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn drop_slot_only(&self, c: &tokio_postgres::Client, slot: &str) -> Result<()> {
         // The walsender of a just-stopped reader may take a moment to release the slot.
         for _ in 0..100 {
             match c

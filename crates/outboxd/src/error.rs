@@ -39,6 +39,11 @@ pub enum RelayError {
     /// sees the invalidation in `pg_replication_slots` and applies `source.on_slot_loss`.
     #[error("replication slot invalidated: {0}")]
     SlotInvalidated(String),
+    /// The relay's publication changed under the stream (an event trigger's message, the
+    /// walsender's "publication does not exist", or the table found outside it): what the stream
+    /// skipped is republished from the table by the next session (`crate::slot::publication`).
+    #[error("the publication changed under the stream ({0}): the next session republishes what it may have skipped, from the outbox table")]
+    PublicationChanged(String),
     /// The slot lost events and outboxd may not, or cannot, recover them by itself
     /// (`on_slot_loss = "halt"`, rows already gone, nothing bounds the gap). The message names
     /// the gap and the command that recovers it.
@@ -116,6 +121,11 @@ impl RelayError {
                 "slot_invalidated",
                 Backoff,
                 "none: the next session applies source.on_slot_loss (docs/operations.md, \"Slot loss\")",
+            ),
+            Self::PublicationChanged(_) => (
+                "publication_changed",
+                Backoff,
+                "none if the table is (back) in the publication: the next session replaces the slot and republishes the gap from the table; otherwise ALTER PUBLICATION … ADD TABLE (outboxd check names it)",
             ),
             Self::SlotLost(_) => (
                 "slot_lost",
@@ -262,6 +272,11 @@ impl From<pgwire_replication::PgWireError> for RelayError {
                 || msg.contains("has been invalidated"))
         {
             return Self::SlotInvalidated(msg);
+        }
+        // 42704 undefined_object from pgoutput: the publication was dropped (and perhaps
+        // created again, which a slot cannot decode past either).
+        if code == Some("42704") && msg.contains("publication") {
+            return Self::PublicationChanged(msg);
         }
         Self::Replication(msg)
     }

@@ -18,6 +18,7 @@
 mod balances;
 mod inbox_reader;
 mod verify;
+pub mod world;
 mod writer;
 
 pub use balances::{consumer_db, Balances, BUSINESS_SQL};

@@ -132,6 +132,7 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
         }
         done.push(format!("publication {} present", cfg.source.publication));
     }
+    done.push(crate::slot::publication::install_guard(&sql).await?);
     // outboxd's own tables go to source.relay_schema (the connection's search_path).
     let schema_exists: bool = sql
         .query_one(
@@ -292,6 +293,19 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
                 out.push(l);
             }
             out.push(failover(cfg, &sql).await);
+            out.push(match crate::slot::publication::guarded(&sql).await {
+                Ok(true) => CheckLine::ok(
+                    "publication changes",
+                    "event trigger outboxd_publication_ddl: seen in the stream, gap recovered",
+                ),
+                Ok(false) => CheckLine::warn(
+                    "publication changes",
+                    "no event trigger: a change of the publication shorter than \
+                     source.state_interval_ms goes unnoticed and its rows unpublished; apply \
+                     sql/080_outboxd_publication_guard.sql as a superuser (outboxd init does)",
+                ),
+                Err(e) => CheckLine::fail("publication changes", e.to_string()),
+            });
         }
     }
     let listed = match broker(cfg) {

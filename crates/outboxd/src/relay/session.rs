@@ -15,6 +15,7 @@ use crate::relay::source::{self, fmt_lsn, sql_bounded};
 use crate::relay::stages::Stages;
 use crate::slot::fence::Holder;
 use crate::slot::guard::{self as slot_guard, Decision};
+use crate::slot::publication;
 use crate::slot::recovery;
 use crate::slot::state::{self as slot_state, Identity, XidProbe};
 use pgwire_replication::Lsn;
@@ -59,7 +60,19 @@ pub async fn run_session_as(
     shadow: Option<&crate::shadow::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     let sql = source::sql_connect(cfg).await?;
-    let (slot, sender_timeout) = source::preflight_opt(cfg, &sql).await?;
+    let (slot, sender_timeout) = match source::preflight_opt(cfg, &sql).await {
+        Ok(v) => v,
+        // The table is out of the publication while a gap it left is owed: wait for it to be
+        // back (recovering now would start the new slot inside the change).
+        Err(RelayError::Setup(m))
+            if m.contains("publication") && publication_owed(cfg, &sql).await =>
+        {
+            return Err(RelayError::PublicationChanged(format!(
+                "waiting until it covers the table again: {m}"
+            )))
+        }
+        Err(e) => return Err(e),
+    };
     if let Some(pid) = slot.as_ref().and_then(|s| s.active_pid) {
         return Err(RelayError::SlotBusy {
             slot: cfg.source.slot.clone(),
@@ -239,6 +252,13 @@ pub async fn run_session_as(
                     sql_bounded(st.obs_tick(room)).await?;
                     if Instant::now() >= next_state {
                         next_state = Instant::now() + state_every;
+                        // Before a probe may be adopted: never past a change of the publication.
+                        if !sql_bounded(publication::covered(cfg, st.sql())).await? {
+                            return Err(RelayError::PublicationChanged(
+                                "the outbox table is not in the publication (or it publishes no \
+                                 inserts)".into(),
+                            ));
+                        }
                         saved = save_state(cfg, &st, &identity, holder.walsender(), saved).await?;
                         if saved.probe.is_none() {
                             saved.probe = Some(sql_bounded(XidProbe::take(st.sql())).await?);
@@ -288,12 +308,23 @@ pub async fn run_session_as(
     if c > reported {
         repl.update_applied_lsn(Lsn(c));
     }
+    let changed = matches!(result, Err(RelayError::PublicationChanged(_)));
+    if changed {
+        // The probe may postdate the change: the mark stays where the stream was complete.
+        saved.probe = None;
+    }
     // Bounded: the session may be ending because the connection went silent.
     let _ = tokio::time::timeout(
         Duration::from_secs(1),
         save_state(cfg, &st, &identity, holder.walsender(), saved),
     )
     .await;
+    let result = match result {
+        Err(RelayError::PublicationChanged(what)) => {
+            Err(owe_publication_gap(cfg, st.sql(), what).await)
+        }
+        r => r,
+    };
     if c > start {
         // stop() sends no final status: wait until the server has taken our position.
         let wait_until = Instant::now() + status_interval * 2 + Duration::from_secs(1);
@@ -371,6 +402,37 @@ async fn save_state(
     .await?;
     fail::hit("state_written");
     Ok(now)
+}
+
+/// The gap a publication change left is recorded before the session ends (the next one
+/// recovers it, see [`publication`]); the error says what happened.
+async fn owe_publication_gap(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    what: String,
+) -> RelayError {
+    let reason = format!("{}: {what}", publication::REASON);
+    match sql_bounded(slot_state::owe_gap(sql, &cfg.source.slot, &reason)).await {
+        Ok(true) => {
+            tracing::error!(slot = %cfg.source.slot, publication = %cfg.source.publication, "{what}: the stream may have skipped outbox rows; the next session republishes them from the table");
+            RelayError::PublicationChanged(what)
+        }
+        Ok(false) => RelayError::SlotLost(format!(
+            "{what}: the stream may have skipped outbox rows, and the delivery state has no \
+             delivered_xid to bound them (outboxd_slot_state). Recover with: outboxd recover \
+             --config FILE --since <the time of the change, minus your longest transaction>"
+        )),
+        Err(e) => e,
+    }
+}
+
+/// Whether the state row owes a gap a publication change left.
+async fn publication_owed(cfg: &Config, sql: &tokio_postgres::Client) -> bool {
+    matches!(
+        slot_state::load_if_present(sql, &cfg.source.slot).await,
+        Ok(Some(st)) if st.recovering_xid.is_some()
+            && st.recovery_reason.as_deref().is_some_and(|r| r.starts_with(publication::REASON))
+    )
 }
 
 /// Zero series, so rates and alerts on them work before the first loss.

@@ -20,6 +20,7 @@ use crate::relay::pgoutput::{self, Message, Value};
 use crate::relay::route::ColumnNames;
 use crate::relay::route::{Event, RowMapping, TopicTemplate};
 use crate::relay::source::sql_bounded;
+use crate::slot::publication;
 use pgwire_replication::ReplicationEvent;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -28,6 +29,8 @@ use tokio_postgres::Client;
 /// See the module docs. One per session; the session calls its methods, never its fields.
 pub struct Stages {
     slot: String,
+    /// Its changes end the session ([`publication::concerns`]).
+    publication: String,
     sql: Client,
     names: ColumnNames,
     table: (String, String),
@@ -89,6 +92,7 @@ impl Stages {
     ) -> Result<Self, RelayError> {
         Ok(Self {
             slot: cfg.source.slot.clone(),
+            publication: cfg.source.publication.clone(),
             sql,
             names: cfg.source.columns.resolve()?,
             table: cfg.table_name(),
@@ -229,6 +233,16 @@ impl Stages {
                 }
                 // Like a keepalive: with nothing in flight its position is safe to confirm.
                 self.in_flight.keepalive(lsn.0);
+            }
+            ReplicationEvent::Message {
+                transactional: true,
+                prefix,
+                content,
+                ..
+            } if prefix == publication::PREFIX => {
+                if let Some(what) = publication::concerns(&content, &self.publication) {
+                    return Err(RelayError::PublicationChanged(what));
+                }
             }
             ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
         }

@@ -195,11 +195,21 @@ pub fn decide(
             from_xid: st.recovering_xid,
             since: st.recovering_since,
         };
+        // A gap the publication left: the slot cannot decode past the change, a new one must
+        // start beyond it.
+        let replace_slot = replace_slot || why.starts_with(crate::slot::publication::REASON);
         let hint = st.recovering_since.unwrap_or(from_mark);
         // An interrupted recovery into another cluster: its ids are that cluster's.
         let gap =
             (st.identity.system_id == identity.system_id || gap.from_xid.is_none()).then_some(gap);
-        return lost(LossReason::Interrupted(why), gap, hint);
+        return Decision::Lost(Loss {
+            reason: LossReason::Interrupted(why),
+            gap,
+            since: Some(hint),
+            mark: st.delivery_mark,
+            slot_exists: slot.is_some(),
+            replace_slot,
+        });
     }
     if st.identity.system_id != identity.system_id {
         return lost(

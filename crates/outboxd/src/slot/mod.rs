@@ -4,5 +4,6 @@
 pub(crate) mod fence;
 pub(crate) mod gap;
 pub(crate) mod guard;
+pub(crate) mod publication;
 pub(crate) mod recovery;
 pub(crate) mod state;

@@ -266,6 +266,22 @@ pub async fn begin_recovery(
     Ok(())
 }
 
+/// The stream may have skipped rows (the publication changed under it): record the gap —
+/// every transaction from `delivered_xid` on — and why, so the next session recovers it.
+/// `false`: the row has no `delivered_xid`, so nothing proves a gap.
+pub async fn owe_gap(sql: &Client, slot: &str, reason: &str) -> Result<bool, RelayError> {
+    let n = sql
+        .execute(
+            "UPDATE outboxd_slot_state SET \
+                 recovering_xid = LEAST(recovering_xid, delivered_xid), recovery_reason = $2, \
+                 updated_at = now() \
+             WHERE slot_name = $1 AND delivered_xid IS NOT NULL",
+            &[&slot, &reason],
+        )
+        .await?;
+    Ok(n > 0)
+}
+
 /// The recovery's events are all acknowledged: rebase the row and clear the intent. `xid`: the
 /// recovery proved every transaction below it delivered (an exact gap, read under a snapshot
 /// whose oldest running transaction it is); `None` (an operator's time range) leaves the mark

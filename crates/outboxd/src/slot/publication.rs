@@ -1,0 +1,139 @@
+//! Publication changes under the stream (docs/reliability.md, "Publication changes").
+//!
+//! pgoutput decodes a change only when its table is in the publication at that point of the
+//! WAL: rows inserted while the outbox table was out of it (`ALTER PUBLICATION … DROP TABLE`,
+//! later `ADD TABLE`) are never decoded, silently, and a publication dropped and created again
+//! cannot be decoded past at all (`publication "…" does not exist` at every restart). So a
+//! change of the relay's publication is treated like a slot loss: the session ends, the state
+//! row records the gap (`recovering_xid` from `delivered_xid`, reason [`REASON`]), and the next
+//! session — once the table is back in the publication — replaces the slot (its new consistent
+//! point is past the change) and republishes the gap from the table
+//! ([`crate::slot::recovery`]). Exact: nothing the stream skipped is outside the gap, since the
+//! relay confirms nothing past the change.
+//!
+//! Three ways to notice, in order of precision:
+//! - the event trigger of `sql/080_outboxd_publication_guard.sql` (installed by `init` as a
+//!   superuser) writes a transactional message with every publication DDL into the WAL, so the
+//!   stream says where the publication changed, however briefly ([`concerns`]);
+//! - the walsender's `publication "…" does not exist` (SQLSTATE 42704);
+//! - without the trigger, a membership check with every state write ([`covered`]): a change
+//!   that lasts across one is caught; a shorter one is not (`outboxd check` says so).
+
+use crate::config::Config;
+use crate::error::RelayError;
+use tokio_postgres::Client;
+
+/// Prefix of the event trigger's messages.
+pub const PREFIX: &str = "outboxd.publication";
+/// `recovery_reason` of a gap the publication left: its recovery replaces the slot.
+pub const REASON: &str = "publication";
+
+/// The event trigger's DDL (`init` applies it as a superuser).
+pub const GUARD_SQL: &str = include_str!("../../../../sql/080_outboxd_publication_guard.sql");
+
+/// What a publication message says about `publication`, when it concerns it.
+pub fn concerns(content: &[u8], publication: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(content).ok()?;
+    let tag = v["tag"].as_str().unwrap_or("publication DDL");
+    // A publication created anew skipped nothing: it either did not exist for the stream
+    // (changes before it make the walsender fail: the 42704 path) or was dropped before, and
+    // that drop's own message ended the session.
+    if tag == "CREATE PUBLICATION" {
+        return None;
+    }
+    let objects = v["objects"].as_array().cloned().unwrap_or_default();
+    let quoted = format!("\"{}\"", publication.replace('"', "\"\""));
+    let hit = objects.is_empty()
+        || objects.iter().any(|o| {
+            let kind = o[0].as_str().unwrap_or_default();
+            let id = o[1].as_str().unwrap_or_default();
+            if kind == "publication" {
+                id == publication || id == quoted
+            } else {
+                id.ends_with(&format!(" in publication {publication}"))
+                    || id.ends_with(&format!(" in publication {quoted}"))
+            }
+        });
+    hit.then(|| format!("{tag} on publication {publication:?}"))
+}
+
+/// Whether the publication exists, publishes inserts and includes the outbox table right now.
+pub async fn covered(cfg: &Config, sql: &Client) -> Result<bool, RelayError> {
+    let (schema, table) = cfg.table_name();
+    Ok(sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t \
+                 ON t.pubname = p.pubname \
+             WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)",
+            &[&cfg.source.publication, &schema, &table],
+        )
+        .await?
+        .get(0))
+}
+
+/// `init`: installs the event trigger when the role may (a superuser), and says what it did.
+pub async fn install_guard(sql: &Client) -> Result<String, RelayError> {
+    if guarded(sql).await? {
+        return Ok(
+            "event trigger outboxd_publication_ddl present (publication changes are \
+                   seen in the stream)"
+                .into(),
+        );
+    }
+    let superuser: bool = sql
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !superuser {
+        return Ok(
+            "event trigger outboxd_publication_ddl NOT installed (CREATE EVENT TRIGGER \
+                   needs a superuser): publication changes shorter than source.state_interval_ms \
+                   go unnoticed; apply sql/080_outboxd_publication_guard.sql as a superuser"
+                .into(),
+        );
+    }
+    sql.batch_execute(GUARD_SQL).await?;
+    Ok(
+        "event trigger outboxd_publication_ddl installed (publication changes are seen in the \
+        stream)"
+            .into(),
+    )
+}
+
+/// Whether the event trigger is installed (`check` reports it).
+pub async fn guarded(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT count(*) = 2 FROM pg_event_trigger \
+             WHERE evtname IN ('outboxd_publication_ddl', 'outboxd_publication_drop') \
+               AND evtenabled <> 'D'",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_concerns_the_publication_it_names() {
+        let m = br#"{"tag":"ALTER PUBLICATION","objects":[["publication","outbox_pub"]]}"#;
+        assert!(concerns(m, "outbox_pub")
+            .unwrap()
+            .contains("ALTER PUBLICATION"));
+        assert_eq!(concerns(m, "other"), None);
+        let rel = br#"{"tag":"ALTER PUBLICATION","objects":[["publication relation","public.outbox in publication \"Pub\""]]}"#;
+        assert!(concerns(rel, "Pub").is_some());
+        assert!(concerns(rel, "outbox_pub").is_none());
+        let drop = br#"{"tag":"DROP PUBLICATION","objects":[]}"#;
+        assert!(concerns(drop, "outbox_pub").is_some(), "unknown: assume it");
+        let create = br#"{"tag":"CREATE PUBLICATION","objects":[["publication","outbox_pub"]]}"#;
+        assert!(concerns(create, "outbox_pub").is_none());
+        assert!(concerns(b"not json", "outbox_pub").is_none());
+    }
+}

@@ -1,0 +1,43 @@
+-- outboxd: tells the replication stream when a publication changes (docs/reliability.md,
+-- "Publication changes").
+-- pgoutput decodes a change only if its table is in the publication *at that point of the WAL*:
+-- rows inserted while the outbox table was out of the publication (ALTER PUBLICATION … DROP
+-- TABLE, then ADD TABLE, as a migration tool may do) are never decoded, and a publication
+-- dropped and created again cannot be decoded past at all. This event trigger writes a
+-- transactional logical message ('outboxd.publication') into the WAL with every publication
+-- DDL, so the stream itself says where the publication changed; the relay then republishes
+-- what the stream may have skipped, from the table, exactly.
+-- Created by `outboxd init` when it runs as a superuser (CREATE EVENT TRIGGER needs one);
+-- otherwise apply this file as one. Idempotent. Database-wide: one for every relay.
+
+CREATE OR REPLACE FUNCTION public.outboxd_publication_changed() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    changed jsonb;
+BEGIN
+    IF TG_EVENT = 'sql_drop' THEN
+        SELECT jsonb_agg(jsonb_build_array(object_type, object_identity)) INTO changed
+        FROM pg_event_trigger_dropped_objects() WHERE object_type LIKE 'publication%';
+    ELSE
+        SELECT jsonb_agg(jsonb_build_array(object_type, object_identity)) INTO changed
+        FROM pg_event_trigger_ddl_commands() WHERE object_type LIKE 'publication%';
+    END IF;
+    PERFORM pg_logical_emit_message(true, 'outboxd.publication',
+        jsonb_build_object('tag', TG_TAG, 'objects', COALESCE(changed, '[]'::jsonb))::text);
+END
+$$;
+
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'outboxd_publication_ddl') THEN
+        CREATE EVENT TRIGGER outboxd_publication_ddl ON ddl_command_end
+            WHEN TAG IN ('CREATE PUBLICATION', 'ALTER PUBLICATION')
+            EXECUTE FUNCTION public.outboxd_publication_changed();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'outboxd_publication_drop') THEN
+        CREATE EVENT TRIGGER outboxd_publication_drop ON sql_drop
+            WHEN TAG IN ('DROP PUBLICATION', 'ALTER PUBLICATION')
+            EXECUTE FUNCTION public.outboxd_publication_changed();
+    END IF;
+END
+$$;
