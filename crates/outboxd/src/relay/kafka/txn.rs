@@ -12,8 +12,8 @@
 //!
 //! Acknowledgements wait for the commit: a delivered record of an open transaction may still be
 //! aborted, so its position must not be confirmed before the commit. A committer task commits as
-//! soon as every record of the open transaction has its report (at most [`COMMIT_EVERY`] apart
-//! under a steady load), keeping sends out meanwhile (librdkafka refuses a send during a commit),
+//! soon as every record of the open transaction has its report (under a steady load after
+//! `linger.ms`, and no sooner than the last commit took), keeping sends out meanwhile (librdkafka refuses a send during a commit),
 //! then hands the held acknowledgements to the session. Refusals are not held: the session ends
 //! (or parks) on them at once.
 
@@ -28,9 +28,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify, RwLock};
 
-/// Longest a transaction stays open while its reports never all catch up (a steady load): a
-/// commit makes librdkafka send at once, so committing sooner would defeat `linger.ms`.
-const COMMIT_EVERY: Duration = Duration::from_secs(1);
+/// How long a transaction stays open while its reports never all catch up (a steady load):
+/// librdkafka's `linger.ms`, the wait it applies to a batch anyway. A commit makes librdkafka
+/// send at once, so committing sooner would defeat `linger.ms`; committing later only delays
+/// the acknowledgements (measured: a fixed 1 s made commit→ack p99 1.3 s at 2.5 % load).
+fn commit_after(cfg: &Config) -> Duration {
+    let linger = super::client_config(cfg)
+        .get("linger.ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(10.0);
+    Duration::from_secs_f64((linger / 1000.0).clamp(0.001, 60.0))
+}
 /// Bound on `init_transactions` and on a commit (which waits for the transaction's records).
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -136,7 +144,7 @@ impl Txn {
     }
 
     /// Something to commit, or held acknowledgements of committed records to hand over.
-    /// `timed_out`: the transaction has been open [`COMMIT_EVERY`].
+    /// `timed_out`: the transaction has been open [`commit_after`].
     fn due(&self, timed_out: bool) -> bool {
         let (sent, committed) = (self.sent.load(SeqCst), self.committed.load(SeqCst));
         let all_in = self.reported.load(SeqCst) >= sent;
@@ -195,21 +203,31 @@ impl Producer {
                 RelayError::Kafka(format!("cannot start Kafka transactions: {msg}"))
             })?;
         let (inner, acks) = (p.inner.clone(), p.inner.context().acks.clone());
+        let linger = commit_after(cfg);
         p._committer = Some(Committer(tokio::spawn(async move {
             let mut opened: Option<std::time::Instant> = None;
+            // Sends wait while a commit runs (librdkafka refuses them), so a transaction stays
+            // open at least as long as the last commit took: on a broker whose commits are slow
+            // the batches grow instead of the stream stalling on back-to-back commits.
+            let mut after = linger;
             loop {
-                let _ = tokio::time::timeout(COMMIT_EVERY / 4, txn.wake.notified()).await;
+                let _ = tokio::time::timeout(after, txn.wake.notified()).await;
                 let open = txn.sent.load(SeqCst) > txn.committed.load(SeqCst);
-                let since = *opened.get_or_insert_with(std::time::Instant::now);
-                if !open {
-                    opened = None;
-                }
-                if !txn.due(since.elapsed() >= COMMIT_EVERY) {
+                let since = match (open, opened) {
+                    (false, _) => {
+                        opened = None;
+                        std::time::Instant::now()
+                    }
+                    (true, Some(t)) => t,
+                    (true, None) => *opened.insert(std::time::Instant::now()),
+                };
+                if !txn.due(since.elapsed() >= after) {
                     continue;
                 }
                 opened = None;
                 let gate = txn.gate.clone().write_owned().await;
                 let (t, p, a) = (txn.clone(), inner.clone(), acks.clone());
+                let started = std::time::Instant::now();
                 let settled = tokio::task::spawn_blocking(move || {
                     let _gate = gate;
                     t.settle(&p, &a)
@@ -217,6 +235,7 @@ impl Producer {
                 if !settled.await.unwrap_or(false) {
                     return;
                 }
+                after = linger.max(started.elapsed().min(Duration::from_secs(1)));
             }
         })));
         Ok((p, rx))
