@@ -60,19 +60,15 @@ pub async fn run_session_as(
     shadow: Option<&crate::shadow::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     let sql = source::sql_connect(cfg).await?;
-    let (slot, sender_timeout) = match source::preflight_opt(cfg, &sql).await {
-        Ok(v) => v,
-        // The table is out of the publication while a gap it left is owed: wait for it to be
-        // back (recovering now would start the new slot inside the change).
-        Err(RelayError::Setup(m))
-            if m.contains("publication") && publication_owed(cfg, &sql).await =>
-        {
-            return Err(RelayError::PublicationChanged(format!(
-                "waiting until it covers the table again: {m}"
-            )))
-        }
-        Err(e) => return Err(e),
-    };
+    // A gap the publication left is owed and the table is still out of it: wait for it to be
+    // back (recovering now would start the new slot inside the change).
+    if publication_owed(cfg, &sql).await && !publication::covered(cfg, &sql).await? {
+        return Err(RelayError::PublicationChanged(format!(
+            "waiting until publication {:?} covers the outbox table again",
+            cfg.source.publication
+        )));
+    }
+    let (slot, sender_timeout) = source::preflight_opt(cfg, &sql).await?;
     if let Some(pid) = slot.as_ref().and_then(|s| s.active_pid) {
         return Err(RelayError::SlotBusy {
             slot: cfg.source.slot.clone(),
@@ -308,8 +304,7 @@ pub async fn run_session_as(
     if c > reported {
         repl.update_applied_lsn(Lsn(c));
     }
-    let changed = matches!(result, Err(RelayError::PublicationChanged(_)));
-    if changed {
+    if matches!(result, Err(RelayError::PublicationChanged(_))) {
         // The probe may postdate the change: the mark stays where the stream was complete.
         saved.probe = None;
     }
