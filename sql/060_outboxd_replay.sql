@@ -34,8 +34,8 @@ CREATE TABLE IF NOT EXISTS public.outboxd_replay (
     runs            integer     NOT NULL DEFAULT 0,
     started_at      timestamptz,                         -- first run
     finished_at     timestamptz,
-    cursor_ts       text,                                -- (created_at, event_id) of the last event before
-    cursor_id       text,                                --   which the broker acknowledged everything
+    cursor_ts       text,                                -- unused since issue 26 (an older outboxd's cursor)
+    cursor_id       text,                                -- the replay order's keys (JSON) of the last event before which the broker acknowledged everything
     sent            bigint      NOT NULL DEFAULT 0,      -- events acknowledged up to the cursor, over all runs
     error           text,
     updated_at      timestamptz NOT NULL DEFAULT now()

@@ -422,3 +422,62 @@ async fn the_dry_run_names_the_consumer_groups_and_their_lag() -> anyhow::Result
     );
     Ok(())
 }
+
+/// Two transactions on one aggregate, the one that started first writing the later version:
+/// `created_at` (a transaction's start) orders them backwards. A range replay sends each
+/// aggregate in version order all the same (issue 26).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_replay_sends_each_aggregate_in_version_order() -> anyhow::Result<()> {
+    let env = Env::start("rp_order").await?;
+    create_topics(&env.bootstrap(), &[ACCT], 3).await?;
+    let cfg = env.config_file()?;
+    let mut c = env.sql().await?;
+    let since = db_now(&c).await?;
+    let mut first = env.sql().await?;
+    let t1 = first.transaction().await?;
+    t1.batch_execute("SELECT 1").await?; // started: its created_at is fixed
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    write_events(&mut c, &events("acct", "a-1", 1, "Deposited"), false).await?;
+    insert_events(&t1, &events_from("acct", "a-1", 2, 1, "Deposited")).await?;
+    t1.commit().await?;
+    let until = db_now(&c).await?;
+    let backwards: bool = c
+        .query_one(
+            "SELECT (SELECT created_at FROM outbox WHERE aggregate_version = 2) \
+                  < (SELECT created_at FROM outbox WHERE aggregate_version = 1)",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(
+        backwards,
+        "the test needs version 2 created before version 1"
+    );
+
+    let out = replay(
+        &cfg,
+        &[
+            "--since",
+            &since,
+            "--until",
+            &until,
+            "--execute",
+            "--reason",
+            "order",
+        ],
+        true,
+    );
+    assert!(out.contains("finished: 2 event(s) sent"), "{out}");
+    let versions: Vec<Vec<u8>> = raw_records(&env, ACCT, 2)?
+        .iter()
+        .map(|r| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == "aggregate_version")
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(versions, [b"1".to_vec(), b"2".to_vec()]);
+    Ok(())
+}

@@ -1,4 +1,4 @@
-//! One run of an approved replay: the selected rows, read in `(created_at, event_id)` order
+//! One run of an approved replay: the selected rows, read per aggregate in version order
 //! after the replay's cursor, go through the live path's stages and a producer of their own,
 //! rate-capped. After each batch the broker fully acknowledged (and every batch before it), the
 //! cursor moves to its last row: a run killed at any point (SIGKILL included) is continued by
@@ -128,7 +128,7 @@ pub async fn execute(
         selection = %sel.describe(),
         rate,
         acknowledged_before = r.sent,
-        resumes_after = ?r.cursor.as_ref().map(|c| &c.event_id),
+        resumes_after = ?r.cursor.as_ref().map(|c| c.event_id()),
         "replay run started"
     );
     let observed = Arc::new(Observed::default());

@@ -223,12 +223,12 @@ impl Selection {
     }
 }
 
-/// The `created_at` column: replay orders (and resumes) by it.
+/// The `created_at` column: a range selects by it.
 pub fn created_at(names: &ColumnNames) -> Result<&str, ReplayError> {
     names.created_at.as_deref().ok_or_else(|| {
         ReplayError::Selection(
-            "replay needs the outbox's created_at column (source.columns.created_at): events \
-             are replayed, and resumed, in (created_at, event_id) order"
+            "replay needs the outbox's created_at column (source.columns.created_at): a range \
+             selects by it"
                 .into(),
         )
     })

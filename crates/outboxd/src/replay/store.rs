@@ -67,16 +67,11 @@ const COLUMNS: &str = "id, state, selection, events, summary, side_effects, need
     started_at, finished_at, cursor_ts, cursor_id, sent, error";
 
 fn row(r: &tokio_postgres::Row) -> Replay {
-    let cursor = match (
-        r.get::<_, Option<String>>(18),
-        r.get::<_, Option<String>>(19),
-    ) {
-        (Some(created_at), Some(event_id)) => Some(Position {
-            created_at,
-            event_id,
-        }),
-        _ => None,
-    };
+    // cursor_ts is a cursor of an older outboxd ((created_at, event_id) order): it cannot be
+    // continued in the version order, so such a replay starts over (duplicates, never a gap).
+    let cursor = r
+        .get::<_, Option<String>>(19)
+        .and_then(|t| Position::from_text(&t));
     Replay {
         id: r.get(0),
         state: r.get(1),
@@ -253,8 +248,8 @@ pub async fn save_cursor(
     sent: i64,
 ) -> Result<(), ReplayError> {
     sql.execute(
-        "UPDATE outboxd_replay SET cursor_ts = $2, cursor_id = $3, sent = $4 WHERE id = $1",
-        &[&id, &through.created_at, &through.event_id, &sent],
+        "UPDATE outboxd_replay SET cursor_ts = NULL, cursor_id = $2, sent = $3 WHERE id = $1",
+        &[&id, &through.to_text(), &sent],
     )
     .await?;
     Ok(())

@@ -275,9 +275,11 @@ pub fn show(r: &store::Replay, c: &Consumers) -> String {
     if let Some(c) = &r.cursor {
         let _ = writeln!(
             o,
-            "cursor:        after created_at {}, event_id {}",
-            printable(&c.created_at),
-            printable(&c.event_id)
+            "cursor:        after aggregate {}/{} at {}, event_id {}",
+            printable(&c.keys[0]),
+            printable(&c.keys[1]),
+            printable(&c.keys[2]),
+            printable(c.event_id())
         );
     }
     if let Some(e) = &r.error {

@@ -11,7 +11,7 @@
 //! - slot-loss recovery ([`crate::slot::recovery`]) reads a cursor under the snapshot the new
 //!   slot exported (`Rows::Cursor`): the gap must be exactly what that snapshot saw, and all
 //!   batches share the slot's consistent point as their LSN;
-//! - replay ([`crate::replay`]) reads pages in `(created_at, event_id)` order, each page its own
+//! - replay ([`crate::replay`]) reads pages per aggregate in version order, each page its own
 //!   statement (`Rows::Pages`): a rate-capped replay may take hours, and a snapshot held that
 //!   long would hold back vacuum. Each batch gets its own synthetic LSN, so the position of the
 //!   last fully acknowledged batch is known ([`Hooks::acknowledged`]): that is where a replay
@@ -119,8 +119,8 @@ impl TableReader {
         Ok(Self::new(src, Lsns::Fixed(lsn), commit_at, fail_point))
     }
 
-    /// A reader of the rows matching `filter` after `after`, in `(created_at, event_id)`
-    /// order, `batch` rows per page (and per synthetic transaction). `client` must have had
+    /// A reader of the rows matching `filter` after `after`, per aggregate in version order
+    /// ([`rows::Order`]), `batch` rows per page (and per synthetic transaction). `client` must have had
     /// [`TableReader::prepare_session`].
     pub async fn pages(
         cfg: &Config,
@@ -131,10 +131,10 @@ impl TableReader {
         fail_point: &'static str,
     ) -> Result<Self, RelayError> {
         let mut src = Source::new(cfg, client, Rows::Pages { filter, after }).await?;
-        if src.key.is_none() {
+        if src.order.is_none() {
             return Err(RelayError::Setup(
-                "the outbox mapping has no created_at column (source.columns.created_at): rows \
-                 cannot be read in a stable order"
+                "the outbox mapping does not name the columns the replay order needs \
+                 (aggregate type, aggregate id, event_id)"
                     .into(),
             ));
         }
@@ -203,9 +203,10 @@ impl TableReader {
             if *shutdown.borrow() {
                 return Ok(Flow::Shutdown);
             }
-            let rows = self.src.fetch().await?;
-            let Some(last) = rows.last() else { break };
-            let last = self.src.position(last);
+            let (rows, last) = self.src.fetch().await?;
+            if rows.is_empty() {
+                break;
+            }
             let lsn = self.next_lsn;
             if let Lsns::Counting = self.lsns {
                 self.next_lsn += 1;

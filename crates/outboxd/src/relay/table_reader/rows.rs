@@ -8,12 +8,100 @@ use crate::relay::source::quote_ident;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-/// A row's place in the replay order: `created_at` and `event_id` as Postgres prints them
-/// (the reader's session prints timestamps in ISO format, UTC, so the text reads back exactly).
+/// A row's place in the replay order ([`Order`]), as text: aggregate type, aggregate id, then
+/// the version (or, without a version column, the row's `ctid`), then `event_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
-    pub created_at: String,
-    pub event_id: String,
+    pub keys: Vec<String>,
+}
+
+impl Position {
+    /// The last row's `event_id` (for people).
+    pub fn event_id(&self) -> &str {
+        self.keys.last().map_or("", String::as_str)
+    }
+
+    /// How it is stored (`outboxd_replay.cursor_id`): a JSON array of the keys.
+    pub fn to_text(&self) -> String {
+        serde_json::Value::from(self.keys.clone()).to_string()
+    }
+
+    /// `None` for anything but a stored position of this order (a cursor of an older outboxd,
+    /// which read in `(created_at, event_id)` order, cannot be continued in this one).
+    pub fn from_text(t: &str) -> Option<Self> {
+        let keys: Vec<String> = serde_json::from_str(t).ok()?;
+        (keys.len() == 4).then_some(Self { keys })
+    }
+}
+
+/// The replay order: per aggregate, by version, so a consumer sees an aggregate's events in
+/// version order whatever their `created_at` (docs/reliability.md, "Order of republished rows").
+/// Text keys compare bytewise (`COLLATE "C"`) and NULLs as empty text, so the keyset's `>` and
+/// the `ORDER BY` agree. Without a version column the row's `ctid` (insertion order within the
+/// table) stands in.
+#[derive(Debug, Clone)]
+pub struct Order {
+    /// Per key: the SQL expression over `o`, the type its parameter is cast to, and where its
+    /// text is in a fetched row (the `ctid` is read as an extra last column).
+    keys: Vec<(String, &'static str, usize)>,
+    /// The fetched rows carry the `ctid` as an extra last column.
+    ctid: bool,
+}
+
+impl Order {
+    fn new(relation: &Relation, names: &crate::relay::route::ColumnNames) -> Option<Self> {
+        let find = |n: &str| relation.columns.iter().position(|c| c.name == n);
+        let text = |i: usize| {
+            let c = quote_ident(&relation.columns[i].name);
+            (
+                format!("COALESCE(o.{c}::text, '') COLLATE \"C\""),
+                "text",
+                i,
+            )
+        };
+        let n = relation.columns.len();
+        let (at, id, ev) = (
+            find(&names.aggregate_type)?,
+            find(&names.aggregate_id)?,
+            find(&names.event_id)?,
+        );
+        let version = names.aggregate_version.as_deref().and_then(find);
+        let third = match version {
+            Some(v) => (
+                format!(
+                    "COALESCE(o.{}::numeric, -1e30)",
+                    quote_ident(&relation.columns[v].name)
+                ),
+                "numeric",
+                v,
+            ),
+            None => ("o.ctid".to_string(), "tid", n),
+        };
+        Some(Self {
+            keys: vec![text(at), text(id), third, text(ev)],
+            ctid: version.is_none(),
+        })
+    }
+
+    /// A fetched row's position (its key texts), and the row without the extra `ctid`.
+    fn split(&self, mut row: Vec<Option<String>>) -> (Position, Vec<Option<String>>) {
+        let keys = self
+            .keys
+            .iter()
+            .map(|(_, ty, i)| {
+                let v = row.get(*i).cloned().flatten();
+                match (*ty, v) {
+                    (_, Some(v)) => v,
+                    ("numeric", None) => "-1e30".into(),
+                    (_, None) => String::new(),
+                }
+            })
+            .collect();
+        if self.ctid {
+            row.pop();
+        }
+        (Position { keys }, row)
+    }
 }
 
 /// A filter over the outbox table (alias `o`) with its parameters (`$1`…).
@@ -26,7 +114,7 @@ pub struct Filter {
 pub enum Rows {
     /// `FETCH` from the cursor [`Source::declare`] declared inside the caller's transaction.
     Cursor,
-    /// Pages in `(created_at, event_id)` order after a position, each its own statement.
+    /// Pages in [`Order`] after a position, each its own statement.
     Pages {
         filter: Filter,
         after: Option<Position>,
@@ -40,12 +128,10 @@ const SESSION: &str = "SET datestyle = ISO, YMD; SET timezone = UTC; SET extra_f
 pub struct Source {
     pub client: Client,
     pub relation: Relation,
-    /// `format_type` of each column (casts of parameters compared with a column).
-    types: Vec<String>,
     pub rows: Rows,
     pub batch: usize,
-    /// Indexes of `created_at` and `event_id` in the relation, when created_at is mapped.
-    pub key: Option<(usize, usize)>,
+    /// The replay order, when the mapping names the columns it needs.
+    pub order: Option<Order>,
 }
 
 impl Source {
@@ -56,21 +142,15 @@ impl Source {
     }
 
     pub async fn new(cfg: &Config, client: Client, rows: Rows) -> Result<Self, RelayError> {
-        let (relation, types) = relation(cfg, &client).await?;
+        let (relation, _) = relation(cfg, &client).await?;
         let names = cfg.source.columns.resolve()?;
-        let find = |n: &str| relation.columns.iter().position(|c| c.name == n);
-        let key = names
-            .created_at
-            .as_deref()
-            .and_then(find)
-            .zip(find(&names.event_id));
+        let order = Order::new(&relation, &names);
         Ok(Self {
             client,
             relation,
-            types,
             rows,
             batch: 1_000,
-            key,
+            order,
         })
     }
 
@@ -100,16 +180,18 @@ impl Source {
         cols.join(", ")
     }
 
-    /// The next batch of rows (each column's text or NULL); empty when all were read. Pages
-    /// move past the batch's last row.
-    pub async fn fetch(&mut self) -> Result<Vec<Vec<Option<String>>>, RelayError> {
+    /// The next batch of rows (each column's text or NULL) and, for pages, the last row's
+    /// position; empty when all were read. Pages move past the batch's last row.
+    pub async fn fetch(
+        &mut self,
+    ) -> Result<(Vec<Vec<Option<String>>>, Option<Position>), RelayError> {
         let rows = match &self.rows {
             Rows::Cursor => {
                 let msgs = self
                     .client
                     .simple_query(&format!("FETCH {} FROM outboxd_table_reader", self.batch))
                     .await?;
-                return Ok(msgs
+                let rows = msgs
                     .into_iter()
                     .filter_map(|m| match m {
                         SimpleQueryMessage::Row(r) => {
@@ -117,23 +199,27 @@ impl Source {
                         }
                         _ => None,
                     })
-                    .collect());
+                    .collect();
+                return Ok((rows, None));
             }
             Rows::Pages { filter, after } => self.page(filter, after.as_ref()).await?,
         };
-        if let Some(last) = rows.last() {
-            // A row without a position would make the next page start here again (the
-            // filter excludes such rows; a changed table might not).
-            let p = self.position(last).ok_or_else(|| {
-                RelayError::Setup(
-                    "an outbox row without created_at or event_id was read in keyset order".into(),
-                )
-            })?;
-            if let Rows::Pages { after, .. } = &mut self.rows {
-                *after = Some(p);
+        let order = self.order.as_ref().ok_or_else(no_order)?;
+        let mut last = None;
+        let rows = rows
+            .into_iter()
+            .map(|r| {
+                let (p, r) = order.split(r);
+                last = Some(p);
+                r
+            })
+            .collect();
+        if let Rows::Pages { after, .. } = &mut self.rows {
+            if last.is_some() {
+                after.clone_from(&last);
             }
         }
-        Ok(rows)
+        Ok((rows, last))
     }
 
     async fn page(
@@ -141,39 +227,39 @@ impl Source {
         filter: &Filter,
         after: Option<&Position>,
     ) -> Result<Vec<Vec<Option<String>>>, RelayError> {
-        let (ts, id) = self.key.ok_or_else(|| {
-            RelayError::Setup(
-                "the outbox mapping has no created_at column (source.columns.created_at): rows \
-                 cannot be read in a stable order"
-                    .into(),
-            )
-        })?;
-        let id_type = &self.types[id];
-        let ts = quote_ident(&self.relation.columns[ts].name);
-        let id = quote_ident(&self.relation.columns[id].name);
+        let order = self.order.as_ref().ok_or_else(no_order)?;
         let mut params: Vec<&(dyn ToSql + Sync)> = filter
             .params
             .iter()
             .map(|p| p.as_ref() as &(dyn ToSql + Sync))
             .collect();
-        let n = params.len();
+        let exprs: Vec<&str> = order.keys.iter().map(|(e, _, _)| e.as_str()).collect();
         let keyset = match after {
             Some(p) => {
-                params.push(&p.created_at);
-                params.push(&p.event_id);
+                let mut placeholders = Vec::new();
+                for ((_, ty, _), k) in order.keys.iter().zip(&p.keys) {
+                    params.push(k);
+                    let cast = match *ty {
+                        "text" => format!("${}::text COLLATE \"C\"", params.len()),
+                        ty => format!("${}::text::{ty}", params.len()),
+                    };
+                    placeholders.push(cast);
+                }
                 format!(
-                    " AND (o.{ts}, o.{id}) > (${}::text::timestamptz, CAST(${}::text AS {id_type}))",
-                    n + 1,
-                    n + 2
+                    " AND ({}) > ({})",
+                    exprs.join(", "),
+                    placeholders.join(", ")
                 )
             }
             None => String::new(),
         };
+        let extra = if order.ctid { ", o.ctid::text" } else { "" };
         let q = format!(
-            "SELECT {} FROM {} AS o WHERE ({}){keyset} ORDER BY o.{ts}, o.{id} LIMIT {}",
+            "SELECT {}{extra} FROM {} AS o WHERE ({}){keyset} ORDER BY {} LIMIT {}",
             self.select_list(),
             qualified(&self.relation),
             filter.sql,
+            exprs.join(", "),
             self.batch
         );
         let rows = self.client.query(&q, &params).await?;
@@ -186,15 +272,14 @@ impl Source {
             })
             .collect())
     }
+}
 
-    /// Where `row` sits in `(created_at, event_id)` order, when created_at is mapped.
-    pub fn position(&self, row: &[Option<String>]) -> Option<Position> {
-        let (ts, id) = self.key?;
-        Some(Position {
-            created_at: row.get(ts)?.clone()?,
-            event_id: row.get(id)?.clone()?,
-        })
-    }
+fn no_order() -> RelayError {
+    RelayError::Setup(
+        "the outbox mapping does not name the columns the replay order needs (aggregate type, \
+         aggregate id, event_id)"
+            .into(),
+    )
 }
 
 fn qualified(rel: &Relation) -> String {
