@@ -18,12 +18,17 @@ pub struct Raw {
 }
 
 impl Raw {
-    pub fn event_id(&self) -> String {
+    /// A header's value as text ("" when absent).
+    pub fn header(&self, name: &str) -> String {
         self.headers
             .iter()
-            .find(|(k, _)| k == "event_id")
+            .find(|(k, _)| k == name)
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_default()
+    }
+
+    pub fn event_id(&self) -> String {
+        self.header("event_id")
     }
 }
 

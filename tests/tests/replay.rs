@@ -231,15 +231,7 @@ async fn replay_by_time_range_and_filters_selects_exactly_those() -> anyhow::Res
     let versions: Vec<String> = got
         .iter()
         .filter(|r| r.key == b"a-1")
-        .map(|r| {
-            let v = &r
-                .headers
-                .iter()
-                .find(|(k, _)| k == "aggregate_version")
-                .unwrap()
-                .1;
-            String::from_utf8_lossy(v).into_owned()
-        })
+        .map(|r| r.header("aggregate_version"))
         .collect();
     assert_eq!(versions, ["4", "5", "6"]);
     assert!(
@@ -468,16 +460,10 @@ async fn a_range_replay_sends_each_aggregate_in_version_order() -> anyhow::Resul
         true,
     );
     assert!(out.contains("finished: 2 event(s) sent"), "{out}");
-    let versions: Vec<Vec<u8>> = raw_records(&env, ACCT, 2)?
+    let versions: Vec<String> = raw_records(&env, ACCT, 2)?
         .iter()
-        .map(|r| {
-            r.headers
-                .iter()
-                .find(|(k, _)| k == "aggregate_version")
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default()
-        })
+        .map(|r| r.header("aggregate_version"))
         .collect();
-    assert_eq!(versions, [b"1".to_vec(), b"2".to_vec()]);
+    assert_eq!(versions, ["1", "2"]);
     Ok(())
 }
