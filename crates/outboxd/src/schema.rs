@@ -8,6 +8,26 @@ pub fn unqualified(ddl: &str) -> String {
     ddl.replace("public.", "")
 }
 
+/// The shipped DDL with its `public.` names in `schema` (quoted). For DDL whose functions run
+/// with `SET search_path = pg_catalog, pg_temp` (trigger functions that guard a trust boundary):
+/// a search path that holds a schema others may write lets them shadow a function or operator
+/// the guard calls, so the guard names its tables by schema and searches nothing else.
+pub fn qualified(ddl: &str, schema: &str) -> String {
+    ddl.replace(
+        "public.",
+        &format!("{}.", crate::relay::source::quote_ident(schema)),
+    )
+}
+
+/// The connection's current schema: the relay schema on a relay connection (see the module
+/// docs), where [`qualified`] DDL must go.
+pub async fn current(sql: &tokio_postgres::Client) -> Result<String, tokio_postgres::Error> {
+    Ok(sql
+        .query_one("SELECT current_schema()::text", &[])
+        .await?
+        .get(0))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
