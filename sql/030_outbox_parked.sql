@@ -59,3 +59,132 @@ CREATE TABLE IF NOT EXISTS public.outbox_parked_audit (
 ALTER TABLE public.outbox_parked ADD COLUMN IF NOT EXISTS retry_audit_id bigint;
 -- The database role that made the change (`operator` is what the person typed).
 ALTER TABLE public.outbox_parked_audit ADD COLUMN IF NOT EXISTS db_user text NOT NULL DEFAULT session_user;
+
+-- Trust boundaries (issue 27; docs/operations.md, "Roles and privileges"). The relay role may
+-- park and release, the repair role may ask for a retry or a discard, and neither may change
+-- what was parked or put a row into a state outboxd would not. Both guards run with a search
+-- path of pg_catalog alone and name their tables by schema, so no role that can create objects
+-- in some schema can shadow a function or operator they call. The table's owner (and a
+-- superuser) can still disable them: `outboxd check` reports a guard that is missing or off.
+
+-- The transaction that wrote an audit row: a change it authorises must be made by that same
+-- transaction, so an audit row is used once and only by the person who wrote it.
+ALTER TABLE public.outbox_parked_audit ADD COLUMN IF NOT EXISTS txid xid8;
+
+-- The audit is append-only, and records who and when itself.
+CREATE OR REPLACE FUNCTION public.outbox_parked_audit_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        RAISE EXCEPTION 'outbox_parked_audit is append-only: % refused', TG_OP;
+    END IF;
+    NEW.db_user := session_user;
+    NEW.at := now();
+    NEW.txid := pg_current_xact_id();
+    RETURN NEW;
+END $$;
+
+DROP TRIGGER IF EXISTS outbox_parked_audit_guard ON public.outbox_parked_audit;
+CREATE TRIGGER outbox_parked_audit_guard BEFORE INSERT OR UPDATE OR DELETE ON public.outbox_parked_audit
+    FOR EACH ROW EXECUTE FUNCTION public.outbox_parked_audit_guard();
+
+-- What was parked never changes; the state moves only as the relay and the repair commands
+-- move it:
+--   (new)              -> parked | blocked   blocked only behind an open head of its aggregate
+--   parked             -> retry              with a 'retry' audit row written in this transaction
+--   parked|retry|blocked -> discarded        with a 'discard' audit row written in this transaction
+--   retry              -> delivered          (the relay, after the broker's acknowledgement)
+--   blocked            -> delivered          only when nothing earlier of its aggregate is open
+--   retry|blocked      -> parked             (the relay: the release failed again)
+--   delivered, discarded: final. Nothing ever goes (back) into blocked.
+CREATE OR REPLACE FUNCTION public.outbox_parked_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.state NOT IN ('parked', 'blocked') THEN
+            RAISE EXCEPTION 'outbox_parked: event % cannot be parked as %: a new row is parked or blocked',
+                NEW.event_id, NEW.state;
+        END IF;
+        IF NEW.state = 'blocked' AND NOT (NEW.blocks_aggregate AND EXISTS (
+                SELECT 1 FROM public.outbox_parked h
+                WHERE h.slot = NEW.slot AND h.event_id = NEW.blocked_by AND h.blocks_aggregate
+                  AND h.state IN ('parked', 'blocked', 'retry')
+                  AND h.aggregate_type = NEW.aggregate_type AND h.aggregate_id = NEW.aggregate_id)) THEN
+            RAISE EXCEPTION 'outbox_parked: event % is held behind %, which is no open parked event of its aggregate',
+                NEW.event_id, NEW.blocked_by;
+        END IF;
+        NEW.attempts := 1;
+        NEW.first_seen := now();
+        NEW.last_seen := now();
+        NEW.resolved_at := NULL;
+        NEW.retry_audit_id := NULL;
+        RETURN NEW;
+    END IF;
+    IF ROW(NEW.id, NEW.slot, NEW.event_id, NEW.aggregate_type, NEW.aggregate_id, NEW.aggregate_version,
+           NEW.event_type, NEW.topic, NEW.record_key, NEW.payload, NEW.headers, NEW.record_ts_ms,
+           NEW.commit_lsn, NEW.blocks_aggregate, NEW.blocked_by, NEW.first_seen)
+       IS DISTINCT FROM
+       ROW(OLD.id, OLD.slot, OLD.event_id, OLD.aggregate_type, OLD.aggregate_id, OLD.aggregate_version,
+           OLD.event_type, OLD.topic, OLD.record_key, OLD.payload, OLD.headers, OLD.record_ts_ms,
+           OLD.commit_lsn, OLD.blocks_aggregate, OLD.blocked_by, OLD.first_seen) THEN
+        RAISE EXCEPTION 'outbox_parked: event %: what was parked cannot change (a corrected payload goes in the retry''s audit row: outboxd parked retry --payload)',
+            OLD.event_id;
+    END IF;
+    IF NEW.attempts < OLD.attempts THEN
+        RAISE EXCEPTION 'outbox_parked: event %: attempts only go up', OLD.event_id;
+    END IF;
+    IF NEW.state = OLD.state THEN
+        -- The same event seen again (a replay after a restart): attempts and last_seen only.
+        IF ROW(NEW.retry_audit_id, NEW.resolved_at, NEW.error_class, NEW.error_message)
+           IS DISTINCT FROM ROW(OLD.retry_audit_id, OLD.resolved_at, OLD.error_class, OLD.error_message) THEN
+            RAISE EXCEPTION 'outbox_parked: event % (%): only attempts and last_seen change without a new state',
+                OLD.event_id, OLD.state;
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF OLD.state = 'parked' AND NEW.state = 'retry' THEN
+        IF NOT EXISTS (SELECT 1 FROM public.outbox_parked_audit a
+                WHERE a.id = NEW.retry_audit_id AND a.slot = OLD.slot AND a.event_id = OLD.event_id
+                  AND a.action = 'retry' AND a.txid = pg_current_xact_id()) THEN
+            RAISE EXCEPTION 'outbox_parked: event %: a retry needs its own audit row, written in the same transaction (outboxd parked retry)',
+                OLD.event_id;
+        END IF;
+        NEW.resolved_at := NULL;
+    ELSIF OLD.state IN ('parked', 'retry', 'blocked') AND NEW.state = 'discarded' THEN
+        IF NOT EXISTS (SELECT 1 FROM public.outbox_parked_audit a
+                WHERE a.slot = OLD.slot AND a.event_id = OLD.event_id AND a.action = 'discard'
+                  AND a.txid = pg_current_xact_id()) THEN
+            RAISE EXCEPTION 'outbox_parked: event %: a discard needs its own audit row, written in the same transaction (outboxd parked discard)',
+                OLD.event_id;
+        END IF;
+        NEW.resolved_at := now();
+        NEW.retry_audit_id := NULL;
+    ELSIF OLD.state = 'retry' AND NEW.state = 'delivered' THEN
+        IF NEW.retry_audit_id IS DISTINCT FROM OLD.retry_audit_id OR OLD.retry_audit_id IS NULL THEN
+            RAISE EXCEPTION 'outbox_parked: event %: delivered by the retry its audit row asked for, or not at all',
+                OLD.event_id;
+        END IF;
+        NEW.resolved_at := now();
+    ELSIF OLD.state = 'blocked' AND NEW.state = 'delivered' THEN
+        IF EXISTS (SELECT 1 FROM public.outbox_parked h
+                WHERE h.slot = OLD.slot AND h.id < OLD.id AND h.blocks_aggregate
+                  AND h.state IN ('parked', 'blocked', 'retry')
+                  AND h.aggregate_type = OLD.aggregate_type AND h.aggregate_id = OLD.aggregate_id) THEN
+            RAISE EXCEPTION 'outbox_parked: event % is still held behind an open event of its aggregate',
+                OLD.event_id;
+        END IF;
+        NEW.resolved_at := now();
+        NEW.retry_audit_id := NULL;
+    ELSIF OLD.state IN ('retry', 'blocked') AND NEW.state = 'parked' THEN
+        NEW.retry_audit_id := NULL;
+        NEW.resolved_at := NULL;
+    ELSE
+        RAISE EXCEPTION 'outbox_parked: event %: % -> % is not a change outboxd makes',
+            OLD.event_id, OLD.state, NEW.state;
+    END IF;
+    RETURN NEW;
+END $$;
+
+DROP TRIGGER IF EXISTS outbox_parked_guard ON public.outbox_parked;
+CREATE TRIGGER outbox_parked_guard BEFORE INSERT OR UPDATE ON public.outbox_parked
+    FOR EACH ROW EXECUTE FUNCTION public.outbox_parked_guard();

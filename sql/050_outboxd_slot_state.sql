@@ -24,3 +24,40 @@ CREATE TABLE IF NOT EXISTS public.outboxd_slot_state (
 -- Upgrade from a table written before delivered_xid existed (outboxd init, or run as the owner).
 ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS delivered_xid xid8;
 ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS recovering_xid xid8;
+
+-- Bounds (issue 27): the relay's role writes this row, so a leaked relay credential could claim
+-- progress that never happened — a delivery mark or transaction id in the future empties a
+-- slot-loss recovery and moves cleanup's bound; an acknowledged position ahead of the WAL
+-- names WAL that does not exist. The guard refuses what cannot be true when it is written:
+-- a delivery mark after now, a transaction id past the next one to be assigned (the
+-- current snapshot's xmax), a position past the end of the WAL. Within those bounds the row
+-- is the relay's word (docs/operations.md, "Roles and privileges", says what that leaves).
+CREATE OR REPLACE FUNCTION public.outboxd_slot_state_guard() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    wal_end pg_lsn := CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                           ELSE pg_current_wal_insert_lsn() END;
+    next_xid xid8 := pg_snapshot_xmax(pg_current_snapshot());
+BEGIN
+    IF NEW.acked_lsn > wal_end THEN
+        RAISE EXCEPTION 'outboxd_slot_state %: acked_lsn % is past the end of the WAL (%)',
+            NEW.slot_name, NEW.acked_lsn, wal_end;
+    END IF;
+    IF NEW.delivery_mark > clock_timestamp() THEN
+        RAISE EXCEPTION 'outboxd_slot_state %: delivery_mark % is in the future',
+            NEW.slot_name, NEW.delivery_mark;
+    END IF;
+    IF NEW.delivered_xid > next_xid OR NEW.recovering_xid > next_xid THEN
+        RAISE EXCEPTION 'outboxd_slot_state %: transaction id % or % has not been assigned yet',
+            NEW.slot_name, NEW.delivered_xid, NEW.recovering_xid;
+    END IF;
+    IF NEW.recovering_since > clock_timestamp() THEN
+        RAISE EXCEPTION 'outboxd_slot_state %: recovering_since % is in the future',
+            NEW.slot_name, NEW.recovering_since;
+    END IF;
+    RETURN NEW;
+END $$;
+
+DROP TRIGGER IF EXISTS outboxd_slot_state_guard ON public.outboxd_slot_state;
+CREATE TRIGGER outboxd_slot_state_guard BEFORE INSERT OR UPDATE ON public.outboxd_slot_state
+    FOR EACH ROW EXECUTE FUNCTION public.outboxd_slot_state_guard();

@@ -1,13 +1,13 @@
 -- outboxd: least-privilege roles (see docs/operations.md, "Roles and privileges").
 --
 -- Five roles, each with only what its job needs:
---   outboxd_admin  : runs `outboxd init` once (and after upgrades): owns the outbox table, the
---                    publication and outboxd's own tables. Not used by the running relay.
+--   outboxd_admin  : runs `outboxd init` once (and after every upgrade: it installs the guards):
+--                    owns the outbox table, the publication and outboxd's own tables. Not used
+--                    by the running relay.
 --   outboxd_relay  : runs `outboxd run`: streams the WAL (REPLICATION), reads the outbox table
---                    (slot-loss recovery), writes its own tables. Nothing on business tables.
---   outboxd_repair : runs `outboxd parked retry|discard` (--dsn / OUTBOXD_REPAIR_DSN): changes
---                    parked events and writes the audit. The relay cannot write the audit, so a
---                    leaked relay credential cannot forge a release.
+--                    (slot-loss recovery), parks events and records its progress.
+--   outboxd_repair : runs `outboxd parked retry|discard` (--dsn / OUTBOXD_REPAIR_DSN): asks for
+--                    a retry or a discard of a parked event, each with its audit row.
 --   outboxd_cleanup: runs `outboxd cleanup` (cleanup.dsn, --dsn / OUTBOXD_CLEANUP_DSN): deletes
 --                    delivered outbox rows. The relay cannot delete, so a leaked relay
 --                    credential cannot destroy undelivered events.
@@ -16,6 +16,28 @@
 --                    their own that is a member, so the audit names people and the one who
 --                    requested a replay cannot approve it (two-person rule, docs/operations.md).
 --
+-- What a leaked credential can and cannot do (guards: triggers installed by `init`, owned by
+-- outboxd_admin; `outboxd check` warns when one is missing or disabled):
+--   outboxd_relay  CANNOT publish what the application did not write: a parked row's record
+--                  never changes after it is parked; a held (blocked) event is published only
+--                  when its copy matches its row in the outbox table; a retry or discard needs
+--                  an audit row, which only the repair role writes, in the same transaction;
+--                  delivered and discarded are final. It cannot claim progress that is not
+--                  possible (a delivery mark in the future, a transaction id not yet assigned,
+--                  a position past the end of the WAL).
+--                  It CAN, through REPLICATION: read the WAL of the published tables (every
+--                  event's payload), advance or drop the slot (events skipped: the relay's
+--                  slot-loss detection sees a dropped slot, not an advanced one), and stop or
+--                  slow delivery (terminate the walsender, mark held events delivered, park
+--                  rows the relay then waits for). It can withhold and lose events; it cannot
+--                  forge or resurrect one.
+--   outboxd_repair CAN republish a parked event (with a corrected payload) or discard one; each
+--                  is an audit row naming its database role, which it cannot change or delete.
+--   outboxd_replay members CAN request replays; one that is large or of a side-effecting type
+--                  (the policy init writes from the admin's [replay] config) runs only after
+--                  another member approved it, and only what was approved.
+--   outboxd_admin, the owner of outboxd's tables, and superusers can do anything, including
+--                  disabling the guards: keep those credentials out of running services.
 -- Written for the defaults: the outbox table public.outbox, publication outbox_pub and
 -- source.relay_schema = public. With another relay_schema replace `public.outbox_parked`,
 -- `public.outboxd_*` below. Replace the passwords (or use another authentication method).
@@ -42,8 +64,11 @@ DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO outboxd_admin', curre
 -- The relay: read the outbox (recovery), write its own tables, emit heartbeats.
 GRANT USAGE ON SCHEMA public TO outboxd_relay;
 GRANT SELECT ON public.outbox TO outboxd_relay;
-GRANT SELECT, INSERT, UPDATE ON public.outbox_parked, public.outboxd_status,
-    public.outboxd_slot_state TO outboxd_relay;
+GRANT SELECT, INSERT ON public.outbox_parked TO outboxd_relay;
+-- Only what a release or a re-park changes; the rest of a parked row is frozen by its guard.
+GRANT UPDATE (state, attempts, last_seen, resolved_at, error_class, error_message, retry_audit_id)
+    ON public.outbox_parked TO outboxd_relay;
+GRANT SELECT, INSERT, UPDATE ON public.outboxd_status, public.outboxd_slot_state TO outboxd_relay;
 GRANT SELECT ON public.outbox_parked_audit TO outboxd_relay;
 -- Shadow mode (shadow.enabled) records its comparison here.
 GRANT SELECT, INSERT, UPDATE ON public.outboxd_shadow_counts, public.outboxd_shadow_diffs TO outboxd_relay;
@@ -55,9 +80,10 @@ GRANT USAGE ON SEQUENCE public.outbox_parked_id_seq TO outboxd_relay;
 -- pg_logical_emit_message is executable by everyone by default; if your installation revoked
 -- it, heartbeats need: GRANT EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) TO outboxd_relay;
 
--- The repair role: change parked events, write the audit, read the status.
+-- The repair role: move parked events to retry or discarded, write the audit, read the status.
 GRANT USAGE ON SCHEMA public TO outboxd_repair;
-GRANT SELECT, UPDATE ON public.outbox_parked TO outboxd_repair;
+GRANT SELECT ON public.outbox_parked TO outboxd_repair;
+GRANT UPDATE (state, last_seen, resolved_at, retry_audit_id) ON public.outbox_parked TO outboxd_repair;
 GRANT SELECT, INSERT ON public.outbox_parked_audit TO outboxd_repair;
 GRANT USAGE ON SEQUENCE public.outbox_parked_audit_id_seq TO outboxd_repair;
 GRANT SELECT ON public.outboxd_status TO outboxd_repair;

@@ -19,6 +19,37 @@ pub fn qualified(ddl: &str, schema: &str) -> String {
     )
 }
 
+/// Applies guarded DDL (`qualified` in the connection's schema): creates the tables, or
+/// upgrades them and (re)installs their guards. A role that may not change tables that are
+/// `present` (a least-privilege relay after an upgrade of outboxd) goes on with a warning, since
+/// the tables work without the new guards: `outboxd init` as the admin role installs them, and
+/// `outboxd check` says they are missing.
+pub async fn install(
+    sql: &tokio_postgres::Client,
+    ddl: &str,
+    what: &str,
+    present: bool,
+) -> Result<(), crate::error::RelayError> {
+    use crate::error::RelayError;
+    let ddl = qualified(ddl, &current(sql).await?);
+    match sql.batch_execute(&ddl).await {
+        Ok(()) => Ok(()),
+        Err(e) if present => {
+            tracing::warn!(
+                "{what} lacks the guards of this version and this role cannot add them ({}): \
+                 run `outboxd init` as the admin role (sql/roles.sql)",
+                RelayError::from(e)
+            );
+            Ok(())
+        }
+        Err(e) => Err(RelayError::Setup(format!(
+            "cannot create or upgrade {what} ({}): run `outboxd init` as a role that may \
+             create tables and owns outboxd's tables",
+            RelayError::from(e)
+        ))),
+    }
+}
+
 /// The connection's current schema: the relay schema on a relay connection (see the module
 /// docs), where [`qualified`] DDL must go.
 pub async fn current(sql: &tokio_postgres::Client) -> Result<String, tokio_postgres::Error> {

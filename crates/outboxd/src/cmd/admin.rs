@@ -262,6 +262,7 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
             out.push(line(true, "postgres", "connected"));
             out.extend(super::privileges::check(cfg, &sql).await);
             out.extend(super::privileges::encryption(cfg));
+            out.extend(super::privileges::guards(cfg, &sql).await);
             let preflight = source::preflight(cfg, &sql, false).await;
             let confirmed = preflight.as_ref().map_or(0, |(s, _)| s.confirmed_flush);
             out.push(replication(cfg, confirmed).await);

@@ -12,10 +12,21 @@ use tokio_postgres::Client;
 
 /// outboxd's own tables and the privileges the relay uses on each.
 const RELAY_TABLES: [(&str, &str); 4] = [
-    ("outbox_parked", "SELECT, INSERT, UPDATE"),
+    ("outbox_parked", "SELECT, INSERT"),
     ("outbox_parked_audit", "SELECT"),
     ("outboxd_status", "SELECT, INSERT, UPDATE"),
     ("outboxd_slot_state", "SELECT, INSERT, UPDATE"),
+];
+
+/// The columns of `outbox_parked` the relay updates (sql/roles.sql grants exactly these).
+const PARKED_RELAY_UPDATES: [&str; 7] = [
+    "state",
+    "attempts",
+    "last_seen",
+    "resolved_at",
+    "error_class",
+    "error_message",
+    "retry_audit_id",
 ];
 
 pub async fn check(cfg: &Config, sql: &Client) -> Vec<CheckLine> {
@@ -72,6 +83,23 @@ async fn lines(cfg: &Config, sql: &Client) -> Result<Vec<CheckLine>, tokio_postg
                 lacking.join(", ")
             ));
         }
+    }
+    // The columns a relay changes when it releases or re-parks an event; the rest of a parked
+    // row is frozen (sql/030's guard), and sql/roles.sql grants no more.
+    let parked = format!("{rs}.outbox_parked");
+    let update_ok: bool = sql
+        .query_one(
+            "SELECT coalesce(bool_and(has_column_privilege(to_regclass($1), c, 'UPDATE')), true) \
+             FROM unnest($2::text[]) c WHERE to_regclass($1) IS NOT NULL",
+            &[&parked, &PARKED_RELAY_UPDATES.to_vec()],
+        )
+        .await?
+        .get(0);
+    if !update_ok {
+        missing.push(format!(
+            "GRANT UPDATE ({}) ON {parked} TO {role_q};",
+            PARKED_RELAY_UPDATES.join(", ")
+        ));
     }
     let seq = format!("{rs}.outbox_parked_id_seq");
     let seq_ok: bool = sql
@@ -162,6 +190,83 @@ async fn lines(cfg: &Config, sql: &Client) -> Result<Vec<CheckLine>, tokio_postg
                 "role {role} owns the business table {outbox}: the relay only reads it; let an \
                  administrative role own it (sql/roles.sql)"
             ),
+        ));
+    }
+    Ok(out)
+}
+
+/// The trust-boundary guards on outboxd's tables (sql/030, 050, 060): each one missing or
+/// disabled, and each table the connecting role itself owns (an owner can disable a guard),
+/// as a warning naming the fix. Superusers and owners can still do anything: these lines are
+/// how an install that lost its guards is noticed.
+pub async fn guards(cfg: &Config, sql: &Client) -> Vec<CheckLine> {
+    match guard_lines(cfg, sql).await {
+        Ok(l) => l,
+        Err(e) => vec![CheckLine::fail("guards", e.to_string())],
+    }
+}
+
+async fn guard_lines(
+    cfg: &Config,
+    sql: &Client,
+) -> Result<Vec<CheckLine>, crate::error::RelayError> {
+    let mut out = Vec::new();
+    let mut gaps = Vec::new();
+    if crate::slot::state::table_exists(sql).await?
+        && !crate::slot::state::guard_installed(sql).await?
+    {
+        gaps.push("outboxd_slot_state (bounds on the delivery state)");
+    }
+    let parked: bool = sql
+        .query_one("SELECT to_regclass('outbox_parked') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if parked && !crate::poison::store::guards_installed(sql).await? {
+        gaps.push("outbox_parked and outbox_parked_audit (frozen records, audited transitions)");
+    }
+    for g in &gaps {
+        out.push(CheckLine::warn(
+            "guards",
+            format!(
+                "{g}: the guard of this version is missing or disabled, so a leaked relay or \
+                 repair credential can change what it protects: run `outboxd init` as the admin \
+                 role (sql/roles.sql)"
+            ),
+        ));
+    }
+    let owned: Vec<String> = sql
+        .query(
+            "SELECT c.relname::text FROM pg_class c \
+             WHERE c.oid = ANY(ARRAY[to_regclass('outbox_parked'), to_regclass('outbox_parked_audit'), \
+                   to_regclass('outboxd_slot_state'), to_regclass('outboxd_replay')]) \
+               AND pg_has_role(c.relowner, 'USAGE') \
+               AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if !owned.is_empty() {
+        let who: String = sql
+            .query_one("SELECT current_user::text", &[])
+            .await?
+            .get(0);
+        out.push(CheckLine::warn(
+            "guards",
+            format!(
+                "role {} owns {} in {}: an owner can disable their guards; let the admin role \
+                 own outboxd's tables and run the relay as outboxd_relay (sql/roles.sql)",
+                quote_ident(&who),
+                owned.join(", "),
+                quote_ident(&cfg.source.relay_schema)
+            ),
+        ));
+    }
+    if gaps.is_empty() && owned.is_empty() {
+        out.push(CheckLine::ok(
+            "guards",
+            "outboxd's tables are guarded (sql/030, 050) and owned by another role".to_string(),
         ));
     }
     Ok(out)

@@ -7,6 +7,7 @@ use crate::error::RelayError;
 use crate::fail;
 use crate::obs::Observed;
 use crate::poison::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
+use crate::poison::provenance::{Found, Provenance};
 use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
 use crate::poison::validate::Validator;
 use crate::relay::kafka::{Producer, Verdict};
@@ -44,6 +45,8 @@ pub struct PoisonHandler {
     null_default: NullPayload,
     /// Outside the stream (replay): park nothing, hold nothing; every poison event is an error.
     refuse_all: bool,
+    /// A release goes out only when the outbox row (or an operator's audit row) vouches for it.
+    provenance: Provenance,
 }
 
 impl PoisonHandler {
@@ -86,6 +89,7 @@ impl PoisonHandler {
                 crate::relay::route::Preset::Outboxd => NullPayload::Park,
             },
             refuse_all,
+            provenance: Provenance::new(cfg)?,
         })
     }
 
@@ -215,6 +219,32 @@ impl PoisonHandler {
         let Some(r) = parking::next_release(sql, &self.slot).await? else {
             return Ok(());
         };
+        // Never what nobody vouches for (see poison::provenance).
+        let refused = match self.provenance.check(sql, &r).await? {
+            Found::Vouched => None,
+            Found::Unverified => Some((
+                "unverified",
+                "its outbox row is gone (cleanup, or an application that deletes its outbox \
+                 rows), so nothing shows this parked copy is what the application wrote: check it \
+                 with `outboxd parked show`, then `outboxd parked retry` (you vouch for it) or \
+                 `discard`"
+                    .to_string(),
+            )),
+            Found::Differs(field) => Some((
+                "tampered",
+                format!(
+                    "the parked copy's {field} differs from the event's row in the outbox table: \
+                     someone with write access to outbox_parked changed or forged it; not \
+                     published (find out who: outbox_parked_audit, the database's logs), then \
+                     `outboxd parked discard` it, or `retry` with --payload"
+                ),
+            )),
+        };
+        if let Some((class, message)) = refused {
+            parking::mark_failed(sql, r.id, class, &message).await?;
+            tracing::error!(event_id = %r.record.event_id, class, "parked event not released: {message}");
+            return Ok(());
+        }
         // Never as stored: through the live router and the schema checks (see route::release).
         let rebuilt = release::rebuild(&r.record, &self.topic, &self.names, &mut self.topic_buf);
         let record = match rebuilt {

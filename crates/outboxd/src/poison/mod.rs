@@ -3,6 +3,7 @@
 
 pub(crate) mod handler;
 pub(crate) mod policy;
+pub(crate) mod provenance;
 pub(crate) mod record;
 pub(crate) mod store;
 pub(crate) mod validate;

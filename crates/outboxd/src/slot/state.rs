@@ -76,21 +76,32 @@ pub async fn load_if_present(sql: &Client, slot: &str) -> Result<Option<Recorded
     }
 }
 
-/// Creates the table when missing, or adds the columns of a newer outboxd (`run` does this too,
-/// for users who never ran `init`).
+/// Creates the table when missing, or adds the columns and the guard of a newer outboxd (`run`
+/// does this too, for users who never ran `init`). A role that may not upgrade an existing
+/// table (a least-privilege relay) goes on with a warning: `outboxd init` as the admin role
+/// installs the guard, and `outboxd check` says it is missing.
 pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
-    if table_exists(sql).await? && has_xid_columns(sql).await? {
+    let present = table_exists(sql).await?;
+    if present && has_xid_columns(sql).await? && guard_installed(sql).await? {
         return Ok(());
     }
-    sql.batch_execute(&crate::schema::unqualified(STATE_SQL))
-        .await
-        .map_err(|e| {
-            RelayError::Setup(format!(
-                "cannot create or upgrade outboxd_slot_state ({}): run `outboxd init` as a role \
-                 that may create tables and owns outboxd_slot_state",
-                RelayError::from(e)
-            ))
-        })
+    // Without the xid columns the relay cannot run: only the guard may be left for init.
+    let upgradable = present && has_xid_columns(sql).await?;
+    crate::schema::install(sql, STATE_SQL, "outboxd_slot_state", upgradable).await
+}
+
+/// Is the bounds guard (sql/050) on the table and enabled?
+pub async fn guard_installed(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid \
+             WHERE t.tgrelid = to_regclass('outboxd_slot_state') \
+               AND t.tgname = 'outboxd_slot_state_guard' AND t.tgenabled <> 'D' \
+               AND p.proconfig IS NOT NULL)",
+            &[],
+        )
+        .await?
+        .get(0))
 }
 
 async fn has_xid_columns(sql: &Client) -> Result<bool, RelayError> {

@@ -26,29 +26,44 @@ pub enum ParkState {
     Blocked,
 }
 
-/// Creates the parking tables (and the audit's) when missing, and adds the columns later
-/// versions need (idempotent; a no-op query when everything is there).
+/// Creates the parking tables (and the audit's) when missing, and adds the columns and guards
+/// later versions need (idempotent; a no-op query when everything is there). A role that may
+/// not upgrade existing tables (a least-privilege relay) goes on with a warning: `outboxd init`
+/// as the admin role installs the guards, and `outboxd check` says they are missing.
 pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
-    let current: bool = sql
+    let (present, current): (bool, bool) = {
+        let r = sql
+            .query_one(
+                // pg_attribute, not information_schema: a role without privileges on the
+                // tables (the repair role, a least-privilege relay) must still see them.
+                "SELECT to_regclass('outbox_parked') IS NOT NULL \
+                          AND to_regclass('outbox_parked_audit') IS NOT NULL, \
+                        count(*) = 3 FROM pg_attribute WHERE NOT attisdropped \
+                   AND ((attrelid = to_regclass('outbox_parked') AND attname = 'retry_audit_id') \
+                     OR (attrelid = to_regclass('outbox_parked_audit') AND attname IN ('db_user', 'txid')))",
+                &[],
+            )
+            .await?;
+        (r.get(0), r.get(1))
+    };
+    if current && guards_installed(sql).await? {
+        return Ok(());
+    }
+    crate::schema::install(sql, PARKED_SQL, "outbox_parked", present).await
+}
+
+/// Are both guard triggers (sql/030) on the tables and enabled?
+pub async fn guards_installed(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
         .query_one(
-            // pg_attribute, not information_schema: a role without privileges on the tables
-            // (the repair role, a least-privilege relay) must still see that they exist.
-            "SELECT count(*) = 2 FROM pg_attribute WHERE NOT attisdropped \
-               AND ((attrelid = to_regclass('outbox_parked') AND attname = 'retry_audit_id') \
-                 OR (attrelid = to_regclass('outbox_parked_audit') AND attname = 'db_user'))",
+            "SELECT count(*) = 2 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid \
+             WHERE t.tgenabled <> 'D' AND p.proconfig IS NOT NULL \
+               AND ((t.tgrelid = to_regclass('outbox_parked') AND t.tgname = 'outbox_parked_guard') \
+                 OR (t.tgrelid = to_regclass('outbox_parked_audit') AND t.tgname = 'outbox_parked_audit_guard'))",
             &[],
         )
         .await?
-        .get(0);
-    if current {
-        return Ok(());
-    }
-    sql.batch_execute(&crate::schema::unqualified(PARKED_SQL)).await.map_err(|e| {
-        RelayError::Setup(format!(
-            "cannot create or upgrade outbox_parked ({}): run `outboxd init` as a role that may create and alter tables",
-            RelayError::from(e)
-        ))
-    })
+        .get(0))
 }
 
 /// Parks one event and commits. Returns the row's state afterwards (a replayed event that an
@@ -127,27 +142,33 @@ pub async fn blocked_aggregates(sql: &Client, slot: &str) -> Result<Blocked, Rel
 pub struct Release {
     pub id: i64,
     pub record: ParkedRecord,
+    /// `retry`: an operator asked for it (audit row); `blocked`: its head was resolved.
+    pub retry: bool,
+    /// The payload is the operator's correction from the retry's audit row.
+    pub corrected: bool,
 }
 
 /// The oldest row that may be published now: asked to be retried (with its audit row), or
 /// blocked behind a head that is neither parked nor waiting for its own retry. One at a time,
 /// in stream order. A `retry` row whose audit row is missing is never released, and holds its
-/// aggregate like a parked one.
+/// aggregate like a parked one. A retry's payload is the one in its audit row when the operator
+/// corrected it (the parked copy itself never changes).
 pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, RelayError> {
     let row = sql
         .query_opt(
-            "SELECT id, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic, \
-                    record_key, payload, headers, record_ts_ms \
+            "SELECT p.id, p.event_id, p.aggregate_type, p.aggregate_id, p.aggregate_version, \
+                    p.event_type, p.topic, p.record_key, coalesce(a.new_payload, p.payload), \
+                    p.headers, p.record_ts_ms, p.state = 'retry', a.new_payload IS NOT NULL \
              FROM outbox_parked p \
-             WHERE slot = $1 \
-               AND (state = 'blocked' OR (state = 'retry' AND EXISTS (SELECT 1 FROM outbox_parked_audit a \
-                   WHERE a.id = p.retry_audit_id AND a.slot = p.slot AND a.event_id = p.event_id \
-                     AND a.action = 'retry'))) \
+             LEFT JOIN outbox_parked_audit a ON p.state = 'retry' AND a.id = p.retry_audit_id \
+                  AND a.slot = p.slot AND a.event_id = p.event_id AND a.action = 'retry' \
+             WHERE p.slot = $1 AND (p.state = 'blocked' OR (p.state = 'retry' AND a.id IS NOT NULL)) \
                AND NOT EXISTS (SELECT 1 FROM outbox_parked h \
-                   WHERE h.slot = p.slot AND h.id < p.id AND h.state IN ('parked', 'retry') AND h.blocks_aggregate \
+                   WHERE h.slot = p.slot AND h.id < p.id AND h.blocks_aggregate \
+                     AND (h.state IN ('parked', 'retry') OR (h.state = 'blocked' AND p.state = 'blocked')) \
                      AND h.aggregate_type IS NOT DISTINCT FROM p.aggregate_type \
                      AND h.aggregate_id IS NOT DISTINCT FROM p.aggregate_id) \
-             ORDER BY id LIMIT 1",
+             ORDER BY p.id LIMIT 1",
             &[&slot],
         )
         .await?;
@@ -169,6 +190,8 @@ pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, R
                     .unwrap_or_default(),
                 timestamp_ms: r.get(10),
             },
+            retry: r.get(11),
+            corrected: r.get(12),
         }
     }))
 }

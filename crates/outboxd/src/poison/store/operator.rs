@@ -73,8 +73,10 @@ pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Det
         .query_opt(
             "SELECT state, event_type, aggregate_type, aggregate_id, aggregate_version, topic, \
                     error_class, error_message, attempts, first_seen::text, last_seen::text, \
-                    blocked_by, convert_from(payload, 'UTF8'), headers::text \
-             FROM outbox_parked WHERE slot = $1 AND event_id = $2",
+                    blocked_by, convert_from(coalesce((SELECT a.new_payload FROM outbox_parked_audit a \
+                      WHERE p.state = 'retry' AND a.id = p.retry_audit_id), payload), 'UTF8'), \
+                    headers::text \
+             FROM outbox_parked p WHERE slot = $1 AND event_id = $2",
             &[&slot, &event_id],
         )
         .await?
@@ -179,10 +181,12 @@ pub async fn request_retry(
         )
         .await?
         .get(0);
+    // The parked copy stays as it was: a corrected payload is released from the audit row,
+    // which the row names and only this transaction may name (sql/030's guard).
     tx.execute(
-        "UPDATE outbox_parked SET state = 'retry', payload = coalesce($3, payload), last_seen = now(), \
-           retry_audit_id = $4 WHERE slot = $1 AND event_id = $2",
-        &[&r.slot, &r.event_id, &new_payload, &audit],
+        "UPDATE outbox_parked SET state = 'retry', last_seen = now(), retry_audit_id = $3 \
+         WHERE slot = $1 AND event_id = $2",
+        &[&r.slot, &r.event_id, &audit],
     )
     .await?;
     tx.commit().await?;
@@ -194,20 +198,27 @@ pub async fn request_retry(
 /// event.
 pub async fn discard(sql: &mut Client, r: &Request<'_>) -> Result<bool, RelayError> {
     let tx = sql.transaction().await?;
-    let n = tx
-        .execute(
-            "UPDATE outbox_parked SET state = 'discarded', resolved_at = now(), retry_audit_id = NULL \
-             WHERE slot = $1 AND event_id = $2 AND state IN ('parked', 'retry', 'blocked')",
+    // The audit row first: the table's guard lets only a transaction that wrote one discard.
+    let open = tx
+        .query_opt(
+            "SELECT 1 FROM outbox_parked WHERE slot = $1 AND event_id = $2 \
+               AND state IN ('parked', 'retry', 'blocked') FOR UPDATE",
             &[&r.slot, &r.event_id],
         )
         .await?;
-    if n == 0 {
+    if open.is_none() {
         return Ok(false);
     }
     tx.execute(
         "INSERT INTO outbox_parked_audit (slot, event_id, action, operator, reason) \
          VALUES ($1, $2, 'discard', $3, $4)",
         &[&r.slot, &r.event_id, &r.operator, &r.reason],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE outbox_parked SET state = 'discarded', resolved_at = now(), retry_audit_id = NULL \
+         WHERE slot = $1 AND event_id = $2",
+        &[&r.slot, &r.event_id],
     )
     .await?;
     tx.commit().await?;

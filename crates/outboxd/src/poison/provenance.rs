@@ -1,0 +1,286 @@
+//! Is a parked copy what the application wrote? `outbox_parked` is written by the relay's role,
+//! so a leaked relay credential could park a record the application never wrote (or had parked
+//! one with another payload) and let the relay publish it once its head is resolved. Before a
+//! release, the relay compares the parked copy with the event's row in the outbox table — which
+//! only the application writes — by `event_id`:
+//!
+//! - a **blocked** event (released automatically once its head is resolved) goes out only when
+//!   its row is there and the copy matches it: identity, version, payload and headers. Without
+//!   the row (cleanup deleted it, or an application that deletes its outbox rows right after
+//!   inserting them) nothing vouches for it: it becomes a parked head (`unverified`) that an
+//!   operator inspects and retries or discards;
+//! - a **retry** was asked for by an operator, whose audit row the relay cannot write: the
+//!   operator vouches for it. When the row is there, the identity must still match, and the
+//!   payload too unless the operator corrected it (the correction is the audit row's).
+//!
+//! A mismatch (`tampered`) is never published; the copy stays parked with the field named.
+
+use super::store::Release;
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::relay::route::{is_reserved_header, ColumnNames};
+use crate::relay::source::quote_ident;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::Client;
+
+/// What the outbox table says about a parked copy.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Found {
+    /// Nothing to refuse: it matches the row (or an operator vouched and nothing contradicts).
+    Vouched,
+    /// A blocked copy with no row to compare with.
+    Unverified,
+    /// The copy differs from the row in this field.
+    Differs(&'static str),
+}
+
+/// The check, with its query built once per session (it needs the `event_id` column's type).
+pub struct Provenance {
+    names: ColumnNames,
+    table: String,
+    query: Option<String>,
+}
+
+impl Provenance {
+    pub fn new(cfg: &Config) -> Result<Self, RelayError> {
+        let (schema, table) = cfg.table_name();
+        Ok(Self {
+            names: cfg.source.columns.resolve()?,
+            table: format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
+            query: None,
+        })
+    }
+
+    /// Columns read, in this order: identity, version, schema version, payload, headers, then
+    /// the placed (`additional`) columns.
+    fn columns(&self) -> Vec<Option<&str>> {
+        let n = &self.names;
+        let mut c = vec![
+            Some(n.aggregate_type.as_str()),
+            Some(n.aggregate_id.as_str()),
+            Some(n.event_type.as_str()),
+            n.aggregate_version.as_deref(),
+            n.schema_version.as_deref(),
+            Some(n.payload.as_str()),
+            n.headers.as_deref(),
+        ];
+        c.extend(n.additional.iter().map(|p| Some(p.column.as_str())));
+        c
+    }
+
+    async fn query(&mut self, sql: &Client) -> Result<&str, RelayError> {
+        if self.query.is_none() {
+            let id_type: String = sql
+                .query_opt(
+                    "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
+                     WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped",
+                    &[&self.table, &self.names.event_id],
+                )
+                .await?
+                .map(|r| r.get(0))
+                .ok_or_else(|| {
+                    RelayError::Setup(format!(
+                        "the outbox table {} has no event_id column {:?}",
+                        self.table, self.names.event_id
+                    ))
+                })?;
+            let list: Vec<String> = self
+                .columns()
+                .iter()
+                .map(|c| match c {
+                    Some(c) => format!("o.{}::text", quote_ident(c)),
+                    None => "NULL::text".into(),
+                })
+                .collect();
+            self.query = Some(format!(
+                "SELECT {} FROM {} AS o WHERE o.{} = CAST($1::text AS {id_type}) LIMIT 1",
+                list.join(", "),
+                self.table,
+                quote_ident(&self.names.event_id)
+            ));
+        }
+        Ok(self.query.as_deref().unwrap_or_default())
+    }
+
+    /// Compares `r` with its outbox row. Errors are the database's (the release waits).
+    pub async fn check(&mut self, sql: &Client, r: &Release) -> Result<Found, RelayError> {
+        let q = self.query(sql).await?.to_string();
+        let row = match sql.query_opt(&q, &[&r.record.event_id]).await {
+            Ok(row) => row,
+            // Not even of the column's type (a forged id): no row can hold it.
+            Err(e) if e.code() == Some(&SqlState::INVALID_TEXT_REPRESENTATION) => None,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(row) = row else {
+            return Ok(if r.retry {
+                Found::Vouched
+            } else {
+                Found::Unverified
+            });
+        };
+        let cols: Vec<Option<String>> = (0..row.len()).map(|i| row.get(i)).collect();
+        Ok(compare(&self.names, r, &cols))
+    }
+}
+
+/// The comparison itself (`cols` as [`Provenance::columns`] orders them).
+fn compare(names: &ColumnNames, r: &Release, cols: &[Option<String>]) -> Found {
+    let rec = &r.record;
+    let identity = [
+        ("aggregate_type", &rec.aggregate_type, &cols[0]),
+        ("aggregate_id", &rec.aggregate_id, &cols[1]),
+        ("event_type", &rec.event_type, &cols[2]),
+    ];
+    for (field, stored, row) in identity {
+        if stored != row {
+            return Found::Differs(field);
+        }
+    }
+    if names.aggregate_version.is_some()
+        && rec.aggregate_version != cols[3].as_deref().and_then(|v| v.parse().ok())
+    {
+        return Found::Differs("aggregate_version");
+    }
+    if !r.corrected && rec.payload.as_deref() != cols[5].as_deref().map(str::as_bytes) {
+        return Found::Differs("payload");
+    }
+    if r.retry {
+        // The operator saw the headers (`parked show`) and vouched for them.
+        return Found::Vouched;
+    }
+    let header = |k: &str| {
+        rec.headers
+            .iter()
+            .find(|(h, _)| h == k)
+            .map(|(_, v)| v.clone())
+    };
+    if names.schema_version.is_some() && header("schema_version").flatten() != cols[4] {
+        return Found::Differs("schema_version");
+    }
+    for (i, p) in names.additional.iter().enumerate() {
+        if header(&p.header) != Some(cols[7 + i].clone()) {
+            return Found::Differs("headers");
+        }
+    }
+    // The row's own headers as the live path sends them (strings as they are, other JSON
+    // values as JSON text, nulls left out), against the copy's.
+    let placed = |k: &str| names.additional.iter().any(|p| &*p.header == k);
+    let taken = |k: &str| is_reserved_header(k) || names.id_header && k.eq_ignore_ascii_case("id");
+    let mut stored: Vec<(String, String)> = rec
+        .headers
+        .iter()
+        .filter(|(k, _)| !taken(k) && !placed(k))
+        .filter_map(|(k, v)| Some((k.clone(), v.clone()?)))
+        .collect();
+    let mut row: Vec<(String, String)> = match &cols[6] {
+        None => Vec::new(),
+        Some(text) => {
+            match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text) {
+                Err(_) => return Found::Differs("headers"),
+                Ok(map) => map
+                    .into_iter()
+                    .filter_map(|(k, v)| match v {
+                        serde_json::Value::Null => None,
+                        serde_json::Value::String(s) => Some((k, s)),
+                        other => Some((k, other.to_string())),
+                    })
+                    .collect(),
+            }
+        }
+    };
+    stored.sort();
+    row.sort();
+    if stored != row {
+        return Found::Differs("headers");
+    }
+    Found::Vouched
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::poison::record::ParkedRecord;
+    use crate::relay::route::Columns;
+
+    fn release(retry: bool, corrected: bool) -> Release {
+        let h = |k: &str, v: &str| (k.to_string(), Some(v.to_string()));
+        Release {
+            id: 1,
+            record: ParkedRecord {
+                event_id: "e".into(),
+                aggregate_type: Some("acct".into()),
+                aggregate_id: Some("A".into()),
+                aggregate_version: Some(3),
+                event_type: Some("Deposited".into()),
+                payload: Some(br#"{"amount": 1}"#.to_vec()),
+                headers: vec![
+                    h("event_id", "e"),
+                    h("aggregate_version", "3"),
+                    h("schema_version", "1"),
+                    h("traceparent", "00-1"),
+                    h("n", "2"),
+                ],
+                ..ParkedRecord::default()
+            },
+            retry,
+            corrected,
+        }
+    }
+
+    fn row() -> Vec<Option<String>> {
+        [
+            Some("acct"),
+            Some("A"),
+            Some("Deposited"),
+            Some("3"),
+            Some("1"),
+            Some(r#"{"amount": 1}"#),
+            Some(r#"{"traceparent": "00-1", "n": 2, "gone": null}"#),
+        ]
+        .iter()
+        .map(|v| v.map(str::to_string))
+        .collect()
+    }
+
+    #[test]
+    fn a_blocked_copy_must_match_its_row_in_every_field_the_record_carries() {
+        let names = Columns::default().resolve().unwrap();
+        assert_eq!(
+            compare(&names, &release(false, false), &row()),
+            Found::Vouched
+        );
+        for (i, field, bad) in [
+            (1, "aggregate_id", "B"),
+            (3, "aggregate_version", "4"),
+            (5, "payload", r#"{"amount": 1000}"#),
+            (6, "headers", r#"{"traceparent": "00-1"}"#),
+            (4, "schema_version", "2"),
+        ] {
+            let mut r = row();
+            r[i] = Some(bad.to_string());
+            assert_eq!(
+                compare(&names, &release(false, false), &r),
+                Found::Differs(field)
+            );
+        }
+    }
+
+    #[test]
+    fn an_operators_retry_is_vouched_for_but_not_under_another_identity() {
+        let names = Columns::default().resolve().unwrap();
+        let mut r = row();
+        r[5] = Some("{}".into());
+        r[6] = None;
+        // A corrected payload is the audit row's; the headers are what the operator saw.
+        assert_eq!(compare(&names, &release(true, true), &r), Found::Vouched);
+        assert_eq!(
+            compare(&names, &release(true, false), &r),
+            Found::Differs("payload")
+        );
+        r[2] = Some("Withdrawn".into());
+        assert_eq!(
+            compare(&names, &release(true, true), &r),
+            Found::Differs("event_type")
+        );
+    }
+}
