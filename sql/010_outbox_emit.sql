@@ -19,8 +19,10 @@
 
 -- A UUIDv7 (time-ordered) built from gen_random_uuid() (core since Postgres 13): the 48-bit
 -- Unix-millisecond timestamp replaces the first 6 bytes and the version nibble becomes 7.
+-- search_path pinned like every function outboxd ships: callers run it with their own path,
+-- and a schema on it that others may write (public before Postgres 15) must not shadow a call.
 CREATE OR REPLACE FUNCTION public.outbox_uuid_v7() RETURNS uuid
-LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
+LANGUAGE sql VOLATILE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
     SELECT encode(
         set_bit(set_bit(
             overlay(uuid_send(gen_random_uuid())

@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS public.outbox_default PARTITION OF public.outbox DEFA
 -- how many it created. A day whose rows already sit in outbox_default is skipped with a notice
 -- (move them out first: that partition cannot be attached while the default holds its rows).
 CREATE OR REPLACE FUNCTION public.outbox_create_partitions(days integer) RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     d       date;
     name    text;

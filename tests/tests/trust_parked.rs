@@ -323,3 +323,70 @@ async fn a_leaked_relay_credential_cannot_forge_resurrect_or_retarget_a_parked_e
     relay.shutdown().await?;
     Ok(())
 }
+
+/// An install whose guards are gone (an older outboxd's tables, or an owner who disabled one)
+/// is named by `check`, and `init` (as the admin) puts them back; a relay role that owns
+/// outboxd's tables is named too, since an owner can disable the guards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_names_a_missing_guard_and_init_installs_it() -> anyhow::Result<()> {
+    let env = Env::start("trust_guards").await?;
+    let cfg = env.config_file()?;
+    let (code, out) = outboxd_cli(&["check"], &cfg);
+    assert!(
+        out.contains("outboxd's tables are guarded"),
+        "{code}: {out}"
+    );
+    let app = env.sql().await?;
+    app.batch_execute(
+        "DROP TRIGGER outbox_parked_guard ON outbox_parked; \
+         ALTER TABLE outboxd_slot_state DISABLE TRIGGER outboxd_slot_state_guard",
+    )
+    .await?;
+    let (_, out) = outboxd_cli(&["check"], &cfg);
+    for what in [
+        "outboxd_slot_state (bounds",
+        "outbox_parked and outbox_parked_audit",
+    ] {
+        let line = out
+            .lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("{what} not named:\n{out}"));
+        assert!(
+            line.starts_with("WARN") && line.contains("run `outboxd init` as the admin role"),
+            "{line}"
+        );
+    }
+    let (code, out) = outboxd_cli(&["init"], &cfg);
+    assert_eq!(code, 0, "{out}");
+    let (_, out) = outboxd_cli(&["check"], &cfg);
+    assert!(out.contains("outboxd's tables are guarded"), "{out}");
+    // The guards hold again.
+    let err = refused(
+        &app,
+        "UPDATE outboxd_slot_state SET delivery_mark = now() + interval '1 hour'",
+    )
+    .await;
+    assert!(err.contains("is in the future"), "{err}");
+
+    app.batch_execute(
+        "CREATE ROLE owner_relay LOGIN REPLICATION PASSWORD 'pw'; \
+         ALTER TABLE outbox_parked OWNER TO owner_relay",
+    )
+    .await?;
+    let file = env.dir.path().join("owner.toml");
+    std::fs::write(
+        &file,
+        env.toml().replace(
+            &format!("postgres:{}@", testkit::PG_PASSWORD),
+            "owner_relay:pw@",
+        ),
+    )?;
+    let (_, out) = outboxd_cli(&["check"], &file);
+    assert!(
+        out.lines().any(|l| l.starts_with("WARN")
+            && l.contains("role \"owner_relay\" owns outbox_parked")
+            && l.contains("can disable their guards")),
+        "{out}"
+    );
+    Ok(())
+}
