@@ -3,7 +3,8 @@
 //! rate-capped. After each batch the broker fully acknowledged (and every batch before it), the
 //! cursor moves to its last row: a run killed at any point (SIGKILL included) is continued by
 //! the next `replay run` right after the cursor, so it re-sends at most the unacknowledged tail
-//! and never skips an event.
+//! and never skips an event. Before it runs, the stored selection is counted again
+//! against the database's policy ([`recount`]).
 
 use super::pace::Pacer;
 use super::progress::Progress;
@@ -76,6 +77,35 @@ impl Hooks for RunHooks<'_> {
     }
 }
 
+/// What was approved is what runs: the stored selection, counted again now, may hold no more
+/// events than were requested (rows written or back-dated into it since would ride on the
+/// approval), and may not need an approval, by the database's policy now, that the replay does
+/// not have (a type marked as having side effects since, a row with a lying summary).
+async fn recount(
+    cfg: &Config,
+    sql: &Client,
+    r: &store::Replay,
+    sel: &Selection,
+) -> Result<(), ReplayError> {
+    let policy = store::policy(sql, &cfg.source.slot).await?;
+    let now = select::summarize(cfg, sql, sel, &policy).await?;
+    if now.total > r.events {
+        return Err(ReplayError::Grown {
+            id: r.id,
+            now: now.total,
+            requested: r.events,
+        });
+    }
+    let why = now.approval_reasons(&policy);
+    if !why.is_empty() && r.approved_by.is_none() {
+        return Err(ReplayError::Unapproved {
+            id: r.id,
+            why: why.join("; "),
+        });
+    }
+    Ok(())
+}
+
 /// Runs (or continues) replay `id`. `cfg.source.dsn` is the replay's role; `rate` may lower
 /// the approved rate cap, never raise it. Ends at the selection's end (`finished`) or when
 /// `shutdown` fires (`interrupted`, after what was in flight landed or
@@ -87,7 +117,7 @@ pub async fn execute(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<Outcome, ReplayError> {
     let audit = source::sql_connect(cfg).await?;
-    store::ensure_table(&audit).await?;
+    store::require_installed(&audit).await?;
     if !store::lock(&audit, id).await? {
         return Err(ReplayError::Busy(id));
     }
@@ -115,6 +145,7 @@ pub async fn execute(
     let approved = u32::try_from(r.rate).unwrap_or(1).max(1);
     let rate = rate.map_or(approved, |x| x.clamp(1, approved));
     let sel = Selection::from_json(&r.selection)?;
+    recount(cfg, &audit, &r, &sel).await?;
     let names = cfg.source.columns.resolve().map_err(RelayError::from)?;
     let reader = source::sql_connect(cfg).await?;
     TableReader::prepare_session(&reader).await?;

@@ -3,8 +3,8 @@
 //! in the audit row (what was approved is what runs) and becomes the SQL filter of the table
 //! reader; the dry run's [`Summary`] counts what it selects, per event type and topic.
 
+use super::store::Policy;
 use super::ReplayError;
-use crate::config::replay::ReplayConfig;
 use crate::config::Config;
 use crate::relay::route::{is_uuid, ColumnNames, TopicTemplate};
 use crate::relay::source::quote_ident;
@@ -264,7 +264,8 @@ pub struct Summary {
     pub last: Option<DateTime<Utc>>,
     /// Ids of an id selection that are not in the table.
     pub not_found: Vec<String>,
-    /// Selected event types marked as having side effects (`replay.side_effect_types`).
+    /// Selected event types the database's policy marks as having side effects
+    /// (`replay.side_effect_types` of the admin's config, written by `outboxd init`).
     pub side_effects: Vec<String>,
     /// Selected event types outboxd does not deliver yet (`[shadow]`): refused.
     pub shadowed: Vec<String>,
@@ -281,13 +282,14 @@ impl Summary {
         )
     }
 
-    /// Why a second person must approve it; empty when it may run directly.
-    pub fn approval_reasons(&self, cfg: &ReplayConfig) -> Vec<String> {
+    /// Why a second person must approve it, by the database's policy; empty when it may run
+    /// directly.
+    pub fn approval_reasons(&self, policy: &Policy) -> Vec<String> {
         let mut why = Vec::new();
-        if self.total as u64 > cfg.approval_over {
+        if self.total.max(0) as u64 > policy.approval_over {
             why.push(format!(
-                "{} events, over replay.approval_over = {}",
-                self.total, cfg.approval_over
+                "{} events, over replay.approval_over = {} (the database's policy)",
+                self.total, policy.approval_over
             ));
         }
         for t in &self.side_effects {
@@ -330,11 +332,13 @@ pub fn refuse_shadowed(shadowed: &[String]) -> Result<(), ReplayError> {
     )))
 }
 
-/// Counts what `sel` selects now: per event type and topic, the time span, missing ids.
+/// Counts what `sel` selects now: per event type and topic, the time span, missing ids, and
+/// the types `policy` (the database's) marks as having side effects.
 pub async fn summarize(
     cfg: &Config,
     sql: &Client,
     sel: &Selection,
+    policy: &Policy,
 ) -> Result<Summary, ReplayError> {
     let names = cfg
         .source
@@ -389,7 +393,7 @@ pub async fn summarize(
     types.dedup();
     s.side_effects = types
         .iter()
-        .filter(|t| cfg.replay.has_side_effects(t))
+        .filter(|t| policy.has_side_effects(t))
         .cloned()
         .collect();
     s.shadowed = shadowed(cfg, types.iter().map(String::as_str));
