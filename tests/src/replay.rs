@@ -1,5 +1,6 @@
-//! Helpers of the replay tests (tests/tests/replay.rs, replay_runs.rs): reading records raw,
-//! writing events, running `outboxd replay`, reading its audit row.
+//! Helpers of the replay tests (tests/tests/replay.rs, replay_runs.rs, trust_replay.rs): reading
+//! records raw, writing events, running `outboxd replay`, reading its audit row, the operators'
+//! roles and the admin's init.
 
 use crate::*;
 use std::collections::HashMap;
@@ -149,4 +150,40 @@ pub async fn audit(
         r.get(6),
         r.get(7),
     ))
+}
+
+/// Creates the roles of sql/roles.sql and two operators in the replay group (alice, bob);
+/// returns their DSNs.
+pub async fn operators(env: &Env) -> anyhow::Result<(String, String)> {
+    let c = env.sql().await?;
+    let roles = include_str!("../../sql/roles.sql");
+    let (create, grants) = roles.split_once("-- ---- 2.").expect("two blocks");
+    c.batch_execute(create).await?;
+    c.batch_execute(&format!("--{grants}")).await?;
+    c.batch_execute(
+        "CREATE ROLE alice LOGIN PASSWORD 'alice-pw' IN ROLE outboxd_replay; \
+         CREATE ROLE bob LOGIN PASSWORD 'bob-pw' IN ROLE outboxd_replay",
+    )
+    .await?;
+    let dsn = |who: &str| {
+        env.pg.dsn(&env.db).replace(
+            &format!("postgres:{}", testkit::PG_PASSWORD),
+            &format!("{who}:{who}-pw"),
+        )
+    };
+    Ok((dsn("alice"), dsn("bob")))
+}
+
+/// `outboxd init` by the admin (the env's superuser) with the env's config as it is now: writes
+/// its `[replay]` approval policy into the database (`Env::start` ran init with the default one).
+pub async fn init_as_admin(env: &Env) -> anyhow::Result<()> {
+    outboxd::init(&env.config()?).await?;
+    Ok(())
+}
+
+/// A connection as `dsn`'s role (an operator typing SQL by hand).
+pub async fn connect(dsn: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (c, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(c)
 }
