@@ -8,7 +8,8 @@
 //!   database's policy; a row that lies about its count is counted again by `replay run`;
 //! - an operator's own `[replay]` (config or `OUTBOXD_REPLAY_*`) does not change the policy;
 //!   a policy tightened after a request is applied when it runs;
-//! - a finished replay stays finished; the runner's columns are computed by the guard;
+//! - a finished replay stays finished; the runner's columns are computed by the guard; a
+//!   rewound cursor re-sends at most a batch (no run acknowledges more than was requested);
 //! - a range that ends in the future ends at the request's now(): later rows are not sent, even
 //!   by a run that resumes a killed one;
 //! - rows written into an approved range stop the run (the recount);
@@ -411,6 +412,47 @@ async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
     assert_eq!(recs.len(), 6);
     let ids: Vec<String> = later.iter().map(|e| e.event_id.to_string()).collect();
     assert!(recs.iter().all(|r| ids.contains(&r.event_id())));
+    Ok(())
+}
+
+/// A member can still move a running replay's cursor (the guard cannot order the keys), but no
+/// run acknowledges more events over all runs than were requested: a rewound replay stops after
+/// at most a batch, and does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewound_replay_sends_no_more_than_was_requested() -> anyhow::Result<()> {
+    let (env, cfg, alice, bob) = world("tr_rewind").await?;
+    let mut c = env.sql().await?;
+    let since = db_now(&c).await?;
+    write_events(&mut c, &events("acct", "a-1", 6, "Deposited"), false).await?;
+    let until = db_now(&c).await?;
+    replay(
+        &cfg,
+        &[
+            "request", "--since", &since, "--until", &until, "--reason", "r", "--dsn", &alice,
+        ],
+        true,
+    );
+    replay(&cfg, &["approve", "1", "--dsn", &bob], true);
+    // As if a run had sent everything, with the cursor back at the start.
+    let a = connect(&alice).await?;
+    a.batch_execute(
+        "UPDATE outboxd_replay SET state = 'running', runs = runs + 1 WHERE id = 1; \
+         UPDATE outboxd_replay SET sent = 6 WHERE id = 1",
+    )
+    .await?;
+    let out = replay(&cfg, &["run", "1", "--dsn", &bob], false);
+    assert!(
+        out.contains("events acknowledged over its runs, more than the 6 requested"),
+        "{out}"
+    );
+    assert_eq!(state(&c, 1).await?, "failed");
+    let out = replay(&cfg, &["run", "1", "--dsn", &bob], false);
+    assert!(
+        out.contains("replay 1: 12 events acknowledged over its runs, more than the 6 requested"),
+        "{out}"
+    );
+    // One batch (here the whole selection, 6 at 100/s in batches of 20) went out again; no more.
+    assert_eq!(raw_records(&env, ACCT, 6)?.len(), 6);
     Ok(())
 }
 

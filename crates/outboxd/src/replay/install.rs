@@ -252,3 +252,29 @@ pub async fn policy(sql: &Client, slot: &str) -> Result<Policy, ReplayError> {
 pub async fn now(sql: &Client) -> Result<DateTime<Utc>, ReplayError> {
     Ok(sql.query_one("SELECT now()", &[]).await?.get(0))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_policy_compares_with_the_stored_one_in_order() {
+        let c = ReplayConfig {
+            side_effect_types: vec!["b".into(), "a".into(), "b".into()],
+            approval_over: 7,
+            ..ReplayConfig::default()
+        };
+        let p = Policy::from(&c);
+        assert_eq!(p.side_effect_types, ["a", "b"]);
+        assert!(p.has_side_effects("a") && !p.has_side_effects("c"));
+    }
+
+    #[test]
+    fn the_guard_searches_only_pg_catalog_and_says_its_version() {
+        let guard = &REPLAY_SQL[REPLAY_SQL
+            .find("FUNCTION public.outboxd_replay_guard")
+            .unwrap()..];
+        assert!(guard.contains("SET search_path = pg_catalog, pg_temp"));
+        assert!(REPLAY_SQL.contains(&format!("IS '{GUARD_VERSION}")));
+    }
+}

@@ -96,6 +96,14 @@ pub enum ReplayError {
          a new replay"
     )]
     Grown { id: i64, now: i64, requested: i64 },
+    /// More events acknowledged over all runs than were requested: the cursor was moved back
+    /// by hand, or rows were written into the selection while it ran.
+    #[error(
+        "replay {id}: {sent} events acknowledged over its runs, more than the {events} \
+         requested (its cursor was moved back, or rows were written into its selection): \
+         request a new replay"
+    )]
+    Overrun { id: i64, sent: i64, events: i64 },
     /// Counted again, the selection needs an approval (by the database's policy) that the
     /// replay does not have.
     #[error(

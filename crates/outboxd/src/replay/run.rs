@@ -43,6 +43,8 @@ fn batch(rate: u32) -> usize {
 struct RunHooks<'a> {
     audit: &'a Client,
     id: i64,
+    /// Events requested: no more are acknowledged over all runs.
+    events: i64,
     /// Acknowledged by earlier runs.
     before: i64,
     pacer: Pacer,
@@ -63,6 +65,13 @@ impl Hooks for RunHooks<'_> {
         acked: u64,
     ) -> Result<(), RelayError> {
         let total = self.before + acked as i64;
+        // Over budget: the cursor went back, or rows landed in the selection since the recount.
+        // What the broker acknowledged is recorded, and the run stops.
+        let over = (total > self.events).then(|| ReplayError::Overrun {
+            id: self.id,
+            sent: total,
+            events: self.events,
+        });
         if let Some(p) = through {
             store::save_cursor(self.audit, self.id, p, total)
                 .await
@@ -73,12 +82,16 @@ impl Hooks for RunHooks<'_> {
             crate::fail::hit("replay_cursor_saved");
         }
         self.progress.acknowledged(total as u64);
-        Ok(())
+        match over {
+            Some(e) => Err(RelayError::Setup(e.to_string())),
+            None => Ok(()),
+        }
     }
 }
 
-/// What was approved is what runs: the stored selection, counted again now, may hold no more
-/// events than were requested (rows written or back-dated into it since would ride on the
+/// What was approved is what runs: no more events acknowledged over all runs than were
+/// requested (also checked as the run goes: [`RunHooks`]); the stored selection, counted again
+/// now, may hold no more events than were requested (rows written or back-dated into it since would ride on the
 /// approval), and may not need an approval, by the database's policy now, that the replay does
 /// not have (a type marked as having side effects since, a row with a lying summary).
 async fn recount(
@@ -87,6 +100,13 @@ async fn recount(
     r: &store::Replay,
     sel: &Selection,
 ) -> Result<(), ReplayError> {
+    if r.sent > r.events {
+        return Err(ReplayError::Overrun {
+            id: r.id,
+            sent: r.sent,
+            events: r.events,
+        });
+    }
     let policy = store::policy(sql, &cfg.source.slot).await?;
     let now = select::summarize(cfg, sql, sel, &policy).await?;
     if now.total > r.events {
@@ -169,6 +189,7 @@ pub async fn execute(
     let mut hooks = RunHooks {
         audit: &audit,
         id,
+        events: r.events,
         before: r.sent,
         pacer: Pacer::new(rate),
         progress: Progress::new(id, r.events.max(0) as u64, r.sent.max(0) as u64),

@@ -460,4 +460,42 @@ mod tests {
             assert_eq!(Selection::from_json(&sel.to_json()).unwrap(), sel);
         }
     }
+
+    #[test]
+    fn the_guards_spelling_of_a_range_is_read_back() {
+        // The guard rewrites both ends as to_char(… AT TIME ZONE 'UTC',
+        // 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'): always six fraction digits, Z.
+        let v = json!({"by": "range", "since": "2026-01-01T00:00:00.000000Z",
+                       "until": "2026-12-04T17:21:28.578351Z"});
+        let Selection::Range { since, until, .. } = Selection::from_json(&v).unwrap() else {
+            panic!("not a range")
+        };
+        assert_eq!(since.to_rfc3339(), "2026-01-01T00:00:00+00:00");
+        assert_eq!(until.timestamp_subsec_micros(), 578_351);
+    }
+
+    #[test]
+    fn approval_reasons_follow_the_policy() {
+        let s = Summary {
+            total: 5,
+            side_effects: vec!["Paid".into()],
+            ..Summary::default()
+        };
+        let strict = Policy {
+            approval_over: 4,
+            side_effect_types: vec!["Paid".into()],
+        };
+        let why = s.approval_reasons(&strict);
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(why[0].contains("5 events, over replay.approval_over = 4"));
+        let lax = Policy {
+            approval_over: 5,
+            side_effect_types: vec![],
+        };
+        let s = Summary {
+            side_effects: vec![],
+            ..s
+        };
+        assert!(s.approval_reasons(&lax).is_empty());
+    }
 }
