@@ -14,7 +14,8 @@
 //!   by a run that resumes a killed one;
 //! - rows written into an approved range stop the run (the recount);
 //! - a decoy `=` operator in a schema on alice's search path does not fool the guard;
-//! - `outboxd replay` never creates the audit table, and refuses a disabled or older guard.
+//! - `outboxd replay` never creates the audit table, and refuses a disabled or older guard;
+//!   `init` does not adopt an audit table an operator created.
 
 use outboxd_tests::replay::*;
 use outboxd_tests::*;
@@ -672,5 +673,31 @@ async fn replay_never_creates_the_audit_table() -> anyhow::Result<()> {
         .await?
         .get(0);
     assert!(!created, "outboxd replay created the audit table");
+
+    // An operator who creates it herself (as an older `outboxd replay` did for whoever ran it
+    // first) could disable its guard: init does not adopt it, and check names her.
+    c.batch_execute("GRANT CREATE ON SCHEMA public TO alice")
+        .await?;
+    connect(&alice)
+        .await?
+        .batch_execute("CREATE TABLE public.outboxd_replay (id bigserial PRIMARY KEY)")
+        .await?;
+    let err = init_as_admin(&env)
+        .await
+        .expect_err("init adopted her table");
+    assert!(
+        err.to_string().contains(
+            "table outboxd_replay is owned by role alice: neither a superuser nor the outbox \
+             table's owner"
+        ),
+        "{err:#}"
+    );
+    let (_, check) = outboxd_cli(&["check"], &cfg);
+    assert!(
+        check.contains("table outboxd_replay is owned by role alice"),
+        "{check}"
+    );
+    let out = replay(&cfg, &dry, false);
+    assert!(out.contains(init), "{out}");
     Ok(())
 }

@@ -49,52 +49,73 @@ impl From<&ReplayConfig> for Policy {
     }
 }
 
-/// Creates or upgrades the audit table, the policy table and the guard (idempotent: the guard
-/// function and trigger are replaced each time, so an older install gets this one), then writes
-/// this config's `[replay]` policy for `cfg.source.slot`. Run by `outboxd init`, as the admin
-/// role that is to own these tables (the owner of `outboxd_replay` can disable its guard).
+/// Creates or upgrades the audit table, the policy table and the guard, then writes this
+/// config's `[replay]` policy for `cfg.source.slot`. Run by `outboxd init`, as the admin role
+/// that is to own these tables (the owner of `outboxd_replay` can disable its guard).
+/// Idempotent: a role that owns them replaces the guard function and trigger each time (an
+/// older install gets this one); any other role (init re-run by the relay's role) finds them
+/// current and changes nothing, or is told to run init as their owner. The policy is written
+/// only by a role that may write it; otherwise the database's policy stays (check says so).
 pub async fn install(sql: &Client, cfg: &Config) -> Result<(), ReplayError> {
     let schema = crate::schema::current(sql).await?;
-    let table = format!("{}.outboxd_replay", quote_ident(&schema));
-    // A table created by someone else (an older `outboxd replay` run by an operator) is theirs:
-    // replacing its guard would not take it from them.
-    let owner: Option<(String, bool, String)> = sql
-        .query_opt(
-            "SELECT c.relowner::regrole::text, pg_has_role(current_user, c.relowner, 'USAGE'), \
-               current_user::text \
-             FROM pg_class c WHERE c.oid = to_regclass($1)",
-            &[&table],
-        )
-        .await?
-        .map(|r| (r.get(0), r.get(1), r.get(2)));
-    if let Some((owner, false, me)) = owner {
+    let s = install_state(sql, Some(&outbox(cfg))).await?;
+    let foreign = s.foreign();
+    if !foreign.is_empty() {
         return Err(ReplayError::Relay(RelayError::Setup(format!(
-            "{table} is owned by role {owner}, who can disable its guard: as a superuser, \
-             ALTER TABLE {table} OWNER TO {me} (likewise outboxd_replay_policy and FUNCTION \
-             outboxd_replay_guard()), then run `outboxd init` again",
-            me = quote_ident(&me)
+            "{}: neither a superuser nor the outbox table's owner (the admin), so it can disable \
+             or replace the replay guard (an older `outboxd replay` created the table as \
+             whoever ran it first). As a superuser: ALTER TABLE outboxd_replay OWNER TO the \
+             admin role (likewise outboxd_replay_policy and FUNCTION outboxd_replay_guard()), \
+             review the replays recorded meanwhile, then run `outboxd init` again",
+            foreign.join(", ")
         ))));
     }
-    sql.batch_execute(&crate::schema::qualified(REPLAY_SQL, &schema))
-        .await
-        .map_err(|e| {
-            ReplayError::Relay(RelayError::Setup(format!(
-                "cannot create or upgrade outboxd_replay and its guard ({}): run `outboxd init` \
-                 as the admin role that owns them (sql/roles.sql)",
-                RelayError::from(e)
-            )))
-        })?;
-    let p = Policy::from(&cfg.replay);
-    let over = i64::try_from(p.approval_over).unwrap_or(i64::MAX);
+    if s.owned_by_me || !s.current() {
+        if let (false, Some((_, owner, _))) = (s.owned_by_me, s.owners.first()) {
+            let table = format!("{}.outboxd_replay", quote_ident(&schema));
+            return Err(ReplayError::Relay(RelayError::Setup(format!(
+                "{table} and its guard (owned by role {owner}) are missing parts or predate this \
+                 outboxd: run `outboxd init` as their owner, the admin role (sql/roles.sql)"
+            ))));
+        }
+        sql.batch_execute(&crate::schema::qualified(REPLAY_SQL, &schema))
+            .await
+            .map_err(|e| {
+                ReplayError::Relay(RelayError::Setup(format!(
+                    "cannot create or upgrade outboxd_replay and its guard ({}): run `outboxd \
+                     init` as the admin role that owns them (sql/roles.sql)",
+                    RelayError::from(e)
+                )))
+            })?;
+    }
+    let mine = Policy::from(&cfg.replay);
+    if stored_policy(sql, &cfg.source.slot).await?.as_ref() == Some(&mine) {
+        return Ok(());
+    }
+    let may_write: bool = sql
+        .query_one(
+            "SELECT has_table_privilege('outboxd_replay_policy', 'INSERT') \
+               AND has_table_privilege('outboxd_replay_policy', 'UPDATE')",
+            &[],
+        )
+        .await?
+        .get(0);
+    if !may_write {
+        tracing::warn!(
+            slot = %cfg.source.slot,
+            "this role may not write the replay policy (outboxd_replay_policy): the database's \
+             policy applies; run init as the admin to change it"
+        );
+        return Ok(());
+    }
+    let over = i64::try_from(mine.approval_over).unwrap_or(i64::MAX);
     sql.execute(
         "INSERT INTO outboxd_replay_policy AS p (slot, approval_over, side_effect_types) \
          VALUES ($1, $2, $3) \
          ON CONFLICT (slot) DO UPDATE SET approval_over = EXCLUDED.approval_over, \
            side_effect_types = EXCLUDED.side_effect_types, updated_by = current_user, \
-           updated_at = now() \
-         WHERE (p.approval_over, p.side_effect_types) \
-           IS DISTINCT FROM (EXCLUDED.approval_over, EXCLUDED.side_effect_types)",
-        &[&cfg.source.slot, &over, &p.side_effect_types],
+           updated_at = now()",
+        &[&cfg.source.slot, &over, &mine.side_effect_types],
     )
     .await?;
     Ok(())
@@ -108,12 +129,38 @@ struct InstallState {
     guard_current: bool,
     /// The trigger's `tgenabled` (`O`: fires; `D`: disabled), None when missing.
     trigger: Option<i8>,
-    /// Owners of the audit table, the policy table and the guard function (those present).
-    owners: Vec<(&'static str, String)>,
+    /// The owners of the audit table, the policy table and the guard function (those present):
+    /// (what, owner, whether the owner is a superuser or the outbox table's owner, the admin).
+    owners: Vec<(String, String, bool)>,
+    /// The connection's role is (a member of) the owner of each of them that is present.
+    owned_by_me: bool,
 }
 
-async fn install_state(sql: &Client) -> Result<InstallState, ReplayError> {
+impl InstallState {
+    /// Everything `outboxd replay` needs is there, this version's (enabled or not).
+    fn current(&self) -> bool {
+        self.table && self.policy_table && self.guard_current && self.trigger.is_some()
+    }
+
+    /// Objects owned by a role that is neither a superuser nor the outbox table's owner (an
+    /// operator who created the table with an older `outboxd replay`, say): it can disable or
+    /// replace the guard.
+    fn foreign(&self) -> Vec<String> {
+        let odd = self.owners.iter().filter(|o| !o.2);
+        odd.map(|(what, owner, _)| format!("{what} is owned by role {owner}"))
+            .collect()
+    }
+}
+
+/// `outbox`: the outbox table's name (`schema.table`, quoted), whose owner is the admin (None,
+/// or no such table: owners are not judged).
+async fn install_state(sql: &Client, outbox: Option<&str>) -> Result<InstallState, ReplayError> {
     let schema = quote_ident(&crate::schema::current(sql).await?);
+    let (table, policy, guard) = (
+        format!("{schema}.outboxd_replay"),
+        format!("{schema}.outboxd_replay_policy"),
+        format!("{schema}.outboxd_replay_guard()"),
+    );
     let r = sql
         .query_one(
             "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, \
@@ -121,54 +168,74 @@ async fn install_state(sql: &Client) -> Result<InstallState, ReplayError> {
                            AND coalesce(obj_description(p.oid, 'pg_proc'), '') LIKE $4 || '%' \
                          FROM pg_proc p WHERE p.oid = to_regprocedure($3)), false), \
                (SELECT t.tgenabled::\"char\" FROM pg_trigger t WHERE t.tgrelid = to_regclass($1) \
-                  AND t.tgname = 'outboxd_replay_guard' AND t.tgfoid = to_regprocedure($3)), \
-               (SELECT relowner::regrole::text FROM pg_class WHERE oid = to_regclass($1)), \
-               (SELECT relowner::regrole::text FROM pg_class WHERE oid = to_regclass($2)), \
-               (SELECT proowner::regrole::text FROM pg_proc WHERE oid = to_regprocedure($3))",
-            &[
-                &format!("{schema}.outboxd_replay"),
-                &format!("{schema}.outboxd_replay_policy"),
-                &format!("{schema}.outboxd_replay_guard()"),
-                &GUARD_VERSION,
-            ],
+                  AND t.tgname = 'outboxd_replay_guard' AND t.tgfoid = to_regprocedure($3))",
+            &[&table, &policy, &guard, &GUARD_VERSION],
         )
         .await?;
-    let owners = [
-        ("table outboxd_replay", r.get::<_, Option<String>>(4)),
-        ("table outboxd_replay_policy", r.get(5)),
-        ("function outboxd_replay_guard()", r.get(6)),
-    ]
-    .into_iter()
-    .filter_map(|(what, o)| o.map(|o| (what, o)))
-    .collect();
+    let owners = sql
+        .query(
+            "SELECT x.what, x.o::regrole::text, \
+               r.rolsuper OR coalesce(x.o = (SELECT relowner FROM pg_class \
+                                             WHERE oid = to_regclass($4)), \
+                                      to_regclass($4) IS NULL), \
+               pg_has_role(current_user, x.o, 'USAGE') \
+             FROM (VALUES \
+               (1, 'table outboxd_replay', (SELECT relowner FROM pg_class \
+                                            WHERE oid = to_regclass($1))), \
+               (2, 'table outboxd_replay_policy', (SELECT relowner FROM pg_class \
+                                                   WHERE oid = to_regclass($2))), \
+               (3, 'function outboxd_replay_guard()', (SELECT proowner FROM pg_proc \
+                                                       WHERE oid = to_regprocedure($3)))) \
+               AS x(n, what, o) JOIN pg_roles r ON r.oid = x.o ORDER BY x.n",
+            &[&table, &policy, &guard, &outbox],
+        )
+        .await?;
     Ok(InstallState {
         table: r.get(0),
         policy_table: r.get(1),
         guard_current: r.get(2),
         trigger: r.get(3),
-        owners,
+        owned_by_me: owners.iter().all(|o| o.get::<_, bool>(3)),
+        owners: owners
+            .iter()
+            .map(|o| {
+                (
+                    o.get(0),
+                    o.get(1),
+                    o.get::<_, Option<bool>>(2).unwrap_or(false),
+                )
+            })
+            .collect(),
     })
+}
+
+/// The outbox table's quoted name (its owner is the admin).
+fn outbox(cfg: &Config) -> String {
+    let (schema, table) = cfg.table_name();
+    format!("{}.{}", quote_ident(&schema), quote_ident(&table))
 }
 
 /// Refuses to go on unless `outboxd init` installed the audit table, the policy table and this
 /// version's guard. `outboxd replay` never creates them: whoever creates a table owns it, and
 /// its owner can disable the guard.
 pub async fn require_installed(sql: &Client) -> Result<(), ReplayError> {
-    let s = install_state(sql).await?;
+    let s = install_state(sql, None).await?;
+    if !s.current() {
+        return Err(ReplayError::NotInstalled);
+    }
     match s.trigger {
-        _ if !(s.table && s.policy_table && s.guard_current) => Err(ReplayError::NotInstalled),
-        None => Err(ReplayError::NotInstalled),
         // `O`: fires (the default); `A`: fires always. `D` (disabled) or `R` (replica only).
         Some(e) if e == b'O' as i8 || e == b'A' as i8 => Ok(()),
-        Some(_) => Err(ReplayError::GuardDisabled),
+        _ => Err(ReplayError::GuardDisabled),
     }
 }
 
 /// Warnings for `outboxd check` (none when all is well): the install is missing or older than
-/// this outboxd, the guard is disabled, its objects have different owners, or the database's
-/// policy is not this config's `[replay]`.
+/// this outboxd, the guard is disabled, one of its objects is owned by a role that is neither a
+/// superuser nor the admin (the outbox table's owner), or the database's policy is not this
+/// config's `[replay]`.
 pub async fn check_install(sql: &Client, cfg: &Config) -> Result<Vec<String>, ReplayError> {
-    let s = install_state(sql).await?;
+    let s = install_state(sql, Some(&outbox(cfg))).await?;
     let mut out = Vec::new();
     if !(s.table && s.policy_table && s.guard_current) {
         out.push(ReplayError::NotInstalled.to_string());
@@ -187,15 +254,11 @@ pub async fn check_install(sql: &Client, cfg: &Config) -> Result<Vec<String>, Re
         ),
         _ => {}
     }
-    let mut names: Vec<&str> = s.owners.iter().map(|(_, o)| o.as_str()).collect();
-    names.sort();
-    names.dedup();
-    if names.len() > 1 {
-        let list: Vec<String> = s.owners.iter().map(|(w, o)| format!("{w}: {o}")).collect();
+    for f in s.foreign() {
         out.push(format!(
-            "the replay audit's objects have different owners ({}): each owner can change or \
-             disable what it owns; the admin role should own them all",
-            list.join(", ")
+            "{f}, neither a superuser nor the outbox table's owner (the admin): it can disable \
+             or replace the replay guard; as a superuser ALTER … OWNER TO the admin role and run \
+             `outboxd init` again"
         ));
     }
     if s.policy_table {
