@@ -67,7 +67,7 @@ impl Hooks for RunHooks<'_> {
         let total = self.before + acked as i64;
         // Over budget: the cursor went back, or rows landed in the selection since the recount.
         // What the broker acknowledged is recorded, and the run stops.
-        let over = (total > self.events).then(|| ReplayError::Overrun {
+        let over = (total > self.events).then_some(ReplayError::Overrun {
             id: self.id,
             sent: total,
             events: self.events,
