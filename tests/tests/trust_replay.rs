@@ -20,7 +20,7 @@
 use outboxd_tests::replay::*;
 use outboxd_tests::*;
 use serde_json::{json, Value};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use tokio_postgres::Client;
 
 /// The admin's policy, written into the database by `outboxd init`.
@@ -36,6 +36,30 @@ async fn world(name: &str) -> anyhow::Result<(Env, PathBuf, String, String)> {
     let cfg = env.config_file()?;
     let (alice, bob) = operators(&env).await?;
     Ok((env, cfg, alice, bob))
+}
+
+/// `n` events of aggregate `agg`, written in a range of their own: (events, since, until).
+async fn written(
+    c: &mut Client,
+    agg: &str,
+    n: i64,
+) -> anyhow::Result<(Vec<NewEvent>, String, String)> {
+    let since = db_now(c).await?;
+    let evs = events("acct", agg, n, "Deposited");
+    write_events(c, &evs, false).await?;
+    let until = db_now(c).await?;
+    Ok((evs, since, until))
+}
+
+/// `replay request` of `[since, until)` as `who`.
+fn request(cfg: &Path, who: &str, since: &str, until: &str) -> String {
+    replay(
+        cfg,
+        &[
+            "request", "--since", since, "--until", until, "--reason", "r", "--dsn", who,
+        ],
+        true,
+    )
 }
 
 fn range(since: &str, until: &str) -> Value {
@@ -96,10 +120,7 @@ fn nothing_on_the_topic(env: &Env) -> anyhow::Result<()> {
 async fn a_hand_written_approved_row_does_not_skip_the_approval() -> anyhow::Result<()> {
     let (env, cfg, alice, _) = world("tr_insert").await?;
     let mut c = env.sql().await?;
-    let since = db_now(&c).await?;
-    let evs = events("acct", "a-1", 50, "Deposited");
-    write_events(&mut c, &evs, false).await?;
-    let until = db_now(&c).await?;
+    let (evs, since, until) = written(&mut c, "a-1", 50).await?;
     let a = connect(&alice).await?;
     let sel = range(&since, &until);
     let honest = json!([["Deposited", ACCT, 50]]);
@@ -159,10 +180,7 @@ async fn a_hand_written_approved_row_does_not_skip_the_approval() -> anyhow::Res
 async fn the_operators_config_does_not_set_the_approval_policy() -> anyhow::Result<()> {
     let (env, cfg, alice, _) = world("tr_policy").await?;
     let mut c = env.sql().await?;
-    let since = db_now(&c).await?;
-    let evs = events("acct", "a-1", 50, "Deposited");
-    write_events(&mut c, &evs, false).await?;
-    let until = db_now(&c).await?;
+    let (evs, since, until) = written(&mut c, "a-1", 50).await?;
     let range = ["--since", since.as_str(), "--until", until.as_str()];
     let run = ["--execute", "--reason", "mine", "--dsn", alice.as_str()];
 
@@ -242,9 +260,7 @@ async fn the_operators_config_does_not_set_the_approval_policy() -> anyhow::Resu
 async fn a_finished_replay_cannot_be_set_back() -> anyhow::Result<()> {
     let (env, cfg, alice, bob) = world("tr_finished").await?;
     let mut c = env.sql().await?;
-    let since = db_now(&c).await?;
-    write_events(&mut c, &events("acct", "a-1", 3, "Deposited"), false).await?;
-    let until = db_now(&c).await?;
+    let (_, since, until) = written(&mut c, "a-1", 3).await?;
     let out = replay(
         &cfg,
         &[
@@ -286,20 +302,8 @@ async fn a_finished_replay_cannot_be_set_back() -> anyhow::Result<()> {
 async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
     let (env, cfg, alice, bob) = world("tr_runner").await?;
     let mut c = env.sql().await?;
-    let since = db_now(&c).await?;
-    write_events(&mut c, &events("acct", "a-1", 10, "Deposited"), false).await?;
-    let until = db_now(&c).await?;
-    let range = ["--since", since.as_str(), "--until", until.as_str()];
-    replay(
-        &cfg,
-        &[
-            &["request"],
-            &range[..],
-            &["--reason", "r", "--dsn", &alice],
-        ]
-        .concat(),
-        true,
-    );
+    let (_, since, until) = written(&mut c, "a-1", 10).await?;
+    request(&cfg, &alice, &since, &until);
     replay(&cfg, &["approve", "1", "--dsn", &bob], true);
     let a = connect(&alice).await?;
 
@@ -376,17 +380,8 @@ async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
     .await;
 
     // A run killed midway leaves `running`: the next `replay run` starts again from there.
-    let since = db_now(&c).await?;
-    let later = events("acct", "a-2", 6, "Deposited");
-    write_events(&mut c, &later, false).await?;
-    let until = db_now(&c).await?;
-    replay(
-        &cfg,
-        &[
-            "request", "--since", &since, "--until", &until, "--reason", "r", "--dsn", &alice,
-        ],
-        true,
-    );
+    let (later, since, until) = written(&mut c, "a-2", 6).await?;
+    request(&cfg, &alice, &since, &until);
     replay(&cfg, &["approve", "2", "--dsn", &bob], true);
     a.execute(
         "UPDATE outboxd_replay SET state = 'running', runs = runs + 1 WHERE id = 2",
@@ -423,16 +418,8 @@ async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
 async fn a_rewound_replay_sends_no_more_than_was_requested() -> anyhow::Result<()> {
     let (env, cfg, alice, bob) = world("tr_rewind").await?;
     let mut c = env.sql().await?;
-    let since = db_now(&c).await?;
-    write_events(&mut c, &events("acct", "a-1", 6, "Deposited"), false).await?;
-    let until = db_now(&c).await?;
-    replay(
-        &cfg,
-        &[
-            "request", "--since", &since, "--until", &until, "--reason", "r", "--dsn", &alice,
-        ],
-        true,
-    );
+    let (_, since, until) = written(&mut c, "a-1", 6).await?;
+    request(&cfg, &alice, &since, &until);
     replay(&cfg, &["approve", "1", "--dsn", &bob], true);
     // As if a run had sent everything, with the cursor back at the start.
     let a = connect(&alice).await?;
@@ -474,13 +461,7 @@ async fn a_range_into_the_future_ends_at_the_requests_now() -> anyhow::Result<()
         dry.contains("capped at the database's now()") && dry.contains("events:     3 "),
         "{dry}"
     );
-    let out = replay(
-        &cfg,
-        &[
-            "request", "--since", &since, "--until", future, "--reason", "r", "--dsn", &alice,
-        ],
-        true,
-    );
+    let out = request(&cfg, &alice, &since, future);
     assert!(!out.contains("2100"), "stored as asked: {out}");
 
     // By hand, as approved (3 events need no approval): stored ending at now().
@@ -531,16 +512,8 @@ async fn a_range_into_the_future_ends_at_the_requests_now() -> anyhow::Result<()
 async fn rows_written_into_an_approved_range_stop_the_run() -> anyhow::Result<()> {
     let (env, cfg, alice, bob) = world("tr_grown").await?;
     let mut c = env.sql().await?;
-    let since = db_now(&c).await?;
-    write_events(&mut c, &events("acct", "a-1", 6, "Deposited"), false).await?;
-    let until = db_now(&c).await?;
-    replay(
-        &cfg,
-        &[
-            "request", "--since", &since, "--until", &until, "--reason", "r", "--dsn", &alice,
-        ],
-        true,
-    );
+    let (_, since, until) = written(&mut c, "a-1", 6).await?;
+    request(&cfg, &alice, &since, &until);
     replay(&cfg, &["approve", "1", "--dsn", &bob], true);
     // Back-dated into the approved range after the approval.
     c.execute(
@@ -568,16 +541,8 @@ async fn a_decoy_operator_does_not_fool_the_guard() -> anyhow::Result<()> {
     let mut c = env.sql().await?;
     c.batch_execute("GRANT CREATE ON SCHEMA public TO alice")
         .await?;
-    let since = db_now(&c).await?;
-    write_events(&mut c, &events("acct", "a-1", 6, "Deposited"), false).await?;
-    let until = db_now(&c).await?;
-    replay(
-        &cfg,
-        &[
-            "request", "--since", &since, "--until", &until, "--reason", "r", "--dsn", &alice,
-        ],
-        true,
-    );
+    let (_, since, until) = written(&mut c, "a-1", 6).await?;
+    request(&cfg, &alice, &since, &until);
     // Her own `=` for (name, text), which the guard's role comparisons would use, searched
     // before pg_catalog in her session.
     let a = connect(&alice).await?;
