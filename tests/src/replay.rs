@@ -187,3 +187,102 @@ pub async fn connect(dsn: &str) -> anyhow::Result<tokio_postgres::Client> {
     tokio::spawn(conn);
     Ok(c)
 }
+
+// ---- the replay trust tests (tests/tests/trust_replay.rs) ---------------------------------
+
+/// The admin's policy, written into the database by `outboxd init`.
+pub const ADMIN_POLICY: &str =
+    "[replay]\napproval_over = 4\nside_effect_types = [\"EmailRequested\"]\n";
+
+/// A world with the admin's policy installed, the topic, and the operators alice and bob.
+pub async fn trust_world(name: &str) -> anyhow::Result<(Env, std::path::PathBuf, String, String)> {
+    let mut env = Env::start(name).await?;
+    env.extra_toml = ADMIN_POLICY.into();
+    init_as_admin(&env).await?;
+    create_topics(&env.bootstrap(), &[ACCT], 3).await?;
+    let cfg = env.config_file()?;
+    let (alice, bob) = operators(&env).await?;
+    Ok((env, cfg, alice, bob))
+}
+
+/// `n` events of aggregate `agg`, written in a range of their own: (events, since, until).
+pub async fn written_range(
+    c: &mut tokio_postgres::Client,
+    agg: &str,
+    n: i64,
+) -> anyhow::Result<(Vec<NewEvent>, String, String)> {
+    let since = db_now(c).await?;
+    let evs = events("acct", agg, n, "Deposited");
+    write_events(c, &evs, false).await?;
+    let until = db_now(c).await?;
+    Ok((evs, since, until))
+}
+
+/// `replay request` of `[since, until)` as `who`.
+pub fn request_as(cfg: &std::path::Path, who: &str, since: &str, until: &str) -> String {
+    replay(
+        cfg,
+        &[
+            "request", "--since", since, "--until", until, "--reason", "r", "--dsn", who,
+        ],
+        true,
+    )
+}
+
+/// A range selection as the audit row stores it.
+pub fn range(since: &str, until: &str) -> serde_json::Value {
+    serde_json::json!({"by": "range", "since": since, "until": until,
+           "event_types": [], "aggregate_types": [], "aggregate_ids": []})
+}
+
+/// An audit row as a member writes it by hand, claiming it needs no approval.
+pub async fn insert_by_hand(
+    c: &tokio_postgres::Client,
+    slot: &str,
+    state: &str,
+    selection: serde_json::Value,
+    events: i64,
+    summary: serde_json::Value,
+) -> Result<i64, tokio_postgres::Error> {
+    Ok(c.query_one(
+        "INSERT INTO outboxd_replay (slot, state, selection, events, summary, needs_approval, \
+           reason, rate) VALUES ($1, $2, $3, $4, $5, false, 'by hand', 100000) RETURNING id",
+        &[&slot, &state, &selection, &events, &summary],
+    )
+    .await?
+    .get(0))
+}
+
+/// The database's message of a refused statement.
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map_or_else(|| e.to_string(), |d| d.message().to_string())
+}
+
+/// `sql` (with the replay id as $1) is refused by the guard, saying `says`.
+pub async fn refused_by_guard(c: &tokio_postgres::Client, sql: &str, id: i64, says: &str) {
+    let err = c
+        .execute(sql, &[&id])
+        .await
+        .expect_err(&format!("the guard let through: {sql}"));
+    assert!(db_message(&err).contains(says), "{sql}: {err:?}");
+}
+
+/// The replay's state.
+pub async fn replay_state(c: &tokio_postgres::Client, id: i64) -> anyhow::Result<String> {
+    Ok(
+        c.query_one("SELECT state FROM outboxd_replay WHERE id = $1", &[&id])
+            .await?
+            .get(0),
+    )
+}
+
+/// Nothing reached the replay topic.
+pub fn nothing_on_the_topic(env: &Env) -> anyhow::Result<()> {
+    assert_eq!(
+        raw_records(env, ACCT, 0)?.len(),
+        0,
+        "a record reached the topic"
+    );
+    Ok(())
+}

@@ -19,108 +19,13 @@
 
 use outboxd_tests::replay::*;
 use outboxd_tests::*;
-use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use tokio_postgres::Client;
-
-/// The admin's policy, written into the database by `outboxd init`.
-const ADMIN_POLICY: &str =
-    "[replay]\napproval_over = 4\nside_effect_types = [\"EmailRequested\"]\n";
-
-/// A world with the admin's policy installed, the topic, and the operators alice and bob.
-async fn world(name: &str) -> anyhow::Result<(Env, PathBuf, String, String)> {
-    let mut env = Env::start(name).await?;
-    env.extra_toml = ADMIN_POLICY.into();
-    init_as_admin(&env).await?;
-    create_topics(&env.bootstrap(), &[ACCT], 3).await?;
-    let cfg = env.config_file()?;
-    let (alice, bob) = operators(&env).await?;
-    Ok((env, cfg, alice, bob))
-}
-
-/// `n` events of aggregate `agg`, written in a range of their own: (events, since, until).
-async fn written(
-    c: &mut Client,
-    agg: &str,
-    n: i64,
-) -> anyhow::Result<(Vec<NewEvent>, String, String)> {
-    let since = db_now(c).await?;
-    let evs = events("acct", agg, n, "Deposited");
-    write_events(c, &evs, false).await?;
-    let until = db_now(c).await?;
-    Ok((evs, since, until))
-}
-
-/// `replay request` of `[since, until)` as `who`.
-fn request(cfg: &Path, who: &str, since: &str, until: &str) -> String {
-    replay(
-        cfg,
-        &[
-            "request", "--since", since, "--until", until, "--reason", "r", "--dsn", who,
-        ],
-        true,
-    )
-}
-
-fn range(since: &str, until: &str) -> Value {
-    json!({"by": "range", "since": since, "until": until,
-           "event_types": [], "aggregate_types": [], "aggregate_ids": []})
-}
-
-/// An audit row as a member writes it by hand, claiming it needs no approval.
-async fn insert_by_hand(
-    c: &Client,
-    slot: &str,
-    state: &str,
-    selection: Value,
-    events: i64,
-    summary: Value,
-) -> Result<i64, tokio_postgres::Error> {
-    Ok(c.query_one(
-        "INSERT INTO outboxd_replay (slot, state, selection, events, summary, needs_approval, \
-           reason, rate) VALUES ($1, $2, $3, $4, $5, false, 'by hand', 100000) RETURNING id",
-        &[&slot, &state, &selection, &events, &summary],
-    )
-    .await?
-    .get(0))
-}
-
-/// The database's message of a refused statement.
-fn msg(e: &tokio_postgres::Error) -> String {
-    e.as_db_error()
-        .map_or_else(|| e.to_string(), |d| d.message().to_string())
-}
-
-async fn refused(c: &Client, sql: &str, id: i64, says: &str) {
-    let err = c
-        .execute(sql, &[&id])
-        .await
-        .expect_err(&format!("the guard let through: {sql}"));
-    assert!(msg(&err).contains(says), "{sql}: {err:?}");
-}
-
-async fn state(c: &Client, id: i64) -> anyhow::Result<String> {
-    Ok(
-        c.query_one("SELECT state FROM outboxd_replay WHERE id = $1", &[&id])
-            .await?
-            .get(0),
-    )
-}
-
-fn nothing_on_the_topic(env: &Env) -> anyhow::Result<()> {
-    assert_eq!(
-        raw_records(env, ACCT, 0)?.len(),
-        0,
-        "a record reached the topic"
-    );
-    Ok(())
-}
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_written_approved_row_does_not_skip_the_approval() -> anyhow::Result<()> {
-    let (env, cfg, alice, _) = world("tr_insert").await?;
+    let (env, cfg, alice, _) = trust_world("tr_insert").await?;
     let mut c = env.sql().await?;
-    let (evs, since, until) = written(&mut c, "a-1", 50).await?;
+    let (evs, since, until) = written_range(&mut c, "a-1", 50).await?;
     let a = connect(&alice).await?;
     let sel = range(&since, &until);
     let honest = json!([["Deposited", ACCT, 50]]);
@@ -129,7 +34,7 @@ async fn a_hand_written_approved_row_does_not_skip_the_approval() -> anyhow::Res
     let err = insert_by_hand(&a, &env.slot, "approved", sel.clone(), 50, honest.clone())
         .await
         .expect_err("50 events stored as approved without an approval");
-    assert!(msg(&err).contains("needs an approval"), "{err:?}");
+    assert!(db_message(&err).contains("needs an approval"), "{err:?}");
     // As requested it is stored, marked as needing an approval whatever the row said.
     let id = insert_by_hand(&a, &env.slot, "requested", sel.clone(), 50, honest).await?;
     let needs: bool = c
@@ -152,7 +57,7 @@ async fn a_hand_written_approved_row_does_not_skip_the_approval() -> anyhow::Res
     )
     .await
     .expect_err("50 ids stored as approved");
-    assert!(msg(&err).contains("needs an approval"), "{err:?}");
+    assert!(db_message(&err).contains("needs an approval"), "{err:?}");
     // A row that lies about its count is stored (the guard cannot count the outbox), but the
     // run counts the selection again and refuses it.
     let id = insert_by_hand(
@@ -172,15 +77,15 @@ async fn a_hand_written_approved_row_does_not_skip_the_approval() -> anyhow::Res
         )),
         "{out}"
     );
-    assert_eq!(state(&c, id).await?, "approved", "it started");
+    assert_eq!(replay_state(&c, id).await?, "approved", "it started");
     nothing_on_the_topic(&env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operators_config_does_not_set_the_approval_policy() -> anyhow::Result<()> {
-    let (env, cfg, alice, _) = world("tr_policy").await?;
+    let (env, cfg, alice, _) = trust_world("tr_policy").await?;
     let mut c = env.sql().await?;
-    let (evs, since, until) = written(&mut c, "a-1", 50).await?;
+    let (evs, since, until) = written_range(&mut c, "a-1", 50).await?;
     let range = ["--since", since.as_str(), "--until", until.as_str()];
     let run = ["--execute", "--reason", "mine", "--dsn", alice.as_str()];
 
@@ -252,15 +157,15 @@ async fn the_operators_config_does_not_set_the_approval_policy() -> anyhow::Resu
         )),
         "{out}"
     );
-    assert_eq!(state(&c, id).await?, "approved");
+    assert_eq!(replay_state(&c, id).await?, "approved");
     nothing_on_the_topic(&env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_replay_cannot_be_set_back() -> anyhow::Result<()> {
-    let (env, cfg, alice, bob) = world("tr_finished").await?;
+    let (env, cfg, alice, bob) = trust_world("tr_finished").await?;
     let mut c = env.sql().await?;
-    let (_, since, until) = written(&mut c, "a-1", 3).await?;
+    let (_, since, until) = written_range(&mut c, "a-1", 3).await?;
     let out = replay(
         &cfg,
         &[
@@ -288,22 +193,22 @@ async fn a_finished_replay_cannot_be_set_back() -> anyhow::Result<()> {
             "sent = 0, cursor_id = NULL",
         ] {
             let sql = format!("UPDATE outboxd_replay SET {set} WHERE id = $1");
-            refused(&s, &sql, 1, "finished (terminal)").await;
+            refused_by_guard(&s, &sql, 1, "finished (terminal)").await;
         }
     }
     let out = replay(&cfg, &["run", "1", "--dsn", &alice], false);
     assert!(out.contains("replay 1 is finished"), "{out}");
-    assert_eq!(state(&c, 1).await?, "finished");
+    assert_eq!(replay_state(&c, 1).await?, "finished");
     assert_eq!(raw_records(&env, ACCT, 3)?.len(), 3, "sent again");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
-    let (env, cfg, alice, bob) = world("tr_runner").await?;
+    let (env, cfg, alice, bob) = trust_world("tr_runner").await?;
     let mut c = env.sql().await?;
-    let (_, since, until) = written(&mut c, "a-1", 10).await?;
-    request(&cfg, &alice, &since, &until);
+    let (_, since, until) = written_range(&mut c, "a-1", 10).await?;
+    request_as(&cfg, &alice, &since, &until);
     replay(&cfg, &["approve", "1", "--dsn", &bob], true);
     let a = connect(&alice).await?;
 
@@ -339,9 +244,9 @@ async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
     )
     .await?;
     let set = |s: &str| format!("UPDATE outboxd_replay SET {s} WHERE id = $1");
-    refused(&a, &set("sent = 4"), 1, "sent cannot go back").await;
-    refused(&a, &set("cursor_id = NULL"), 1, "cursor cannot go back").await;
-    refused(&a, &set("approved_by = NULL"), 1, "already approved by bob").await;
+    refused_by_guard(&a, &set("sent = 4"), 1, "sent cannot go back").await;
+    refused_by_guard(&a, &set("cursor_id = NULL"), 1, "cursor cannot go back").await;
+    refused_by_guard(&a, &set("approved_by = NULL"), 1, "already approved by bob").await;
     // An end: the guard records finished_at and keeps an error only for `failed`.
     a.execute(
         "UPDATE outboxd_replay SET state = 'interrupted', finished_at = '2000-01-01', \
@@ -369,9 +274,9 @@ async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
         ("approved", "interrupted to approved is not allowed"),
         ("requested", "interrupted to requested is not allowed"),
     ] {
-        refused(&a, &set(&format!("state = '{to}'")), 1, says).await;
+        refused_by_guard(&a, &set(&format!("state = '{to}'")), 1, says).await;
     }
-    refused(
+    refused_by_guard(
         &a,
         &set("sent = 9"),
         1,
@@ -380,8 +285,8 @@ async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
     .await;
 
     // A run killed midway leaves `running`: the next `replay run` starts again from there.
-    let (later, since, until) = written(&mut c, "a-2", 6).await?;
-    request(&cfg, &alice, &since, &until);
+    let (later, since, until) = written_range(&mut c, "a-2", 6).await?;
+    request_as(&cfg, &alice, &since, &until);
     replay(&cfg, &["approve", "2", "--dsn", &bob], true);
     a.execute(
         "UPDATE outboxd_replay SET state = 'running', runs = runs + 1 WHERE id = 2",
@@ -416,10 +321,10 @@ async fn the_runners_columns_are_the_guards() -> anyhow::Result<()> {
 /// at most a batch, and does not run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewound_replay_sends_no_more_than_was_requested() -> anyhow::Result<()> {
-    let (env, cfg, alice, bob) = world("tr_rewind").await?;
+    let (env, cfg, alice, bob) = trust_world("tr_rewind").await?;
     let mut c = env.sql().await?;
-    let (_, since, until) = written(&mut c, "a-1", 6).await?;
-    request(&cfg, &alice, &since, &until);
+    let (_, since, until) = written_range(&mut c, "a-1", 6).await?;
+    request_as(&cfg, &alice, &since, &until);
     replay(&cfg, &["approve", "1", "--dsn", &bob], true);
     // As if a run had sent everything, with the cursor back at the start.
     let a = connect(&alice).await?;
@@ -433,7 +338,7 @@ async fn a_rewound_replay_sends_no_more_than_was_requested() -> anyhow::Result<(
         out.contains("events acknowledged over its runs, more than the 6 requested"),
         "{out}"
     );
-    assert_eq!(state(&c, 1).await?, "failed");
+    assert_eq!(replay_state(&c, 1).await?, "failed");
     let out = replay(&cfg, &["run", "1", "--dsn", &bob], false);
     assert!(
         out.contains("replay 1: 12 events acknowledged over its runs, more than the 6 requested"),
@@ -446,7 +351,7 @@ async fn a_rewound_replay_sends_no_more_than_was_requested() -> anyhow::Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_range_into_the_future_ends_at_the_requests_now() -> anyhow::Result<()> {
-    let (env, cfg, alice, _) = world("tr_future").await?;
+    let (env, cfg, alice, _) = trust_world("tr_future").await?;
     let mut c = env.sql().await?;
     let since = db_now(&c).await?;
     let first = events("acct", "a-1", 3, "Deposited");
@@ -461,7 +366,7 @@ async fn a_range_into_the_future_ends_at_the_requests_now() -> anyhow::Result<()
         dry.contains("capped at the database's now()") && dry.contains("events:     3 "),
         "{dry}"
     );
-    let out = request(&cfg, &alice, &since, future);
+    let out = request_as(&cfg, &alice, &since, future);
     assert!(!out.contains("2100"), "stored as asked: {out}");
 
     // By hand, as approved (3 events need no approval): stored ending at now().
@@ -510,10 +415,10 @@ async fn a_range_into_the_future_ends_at_the_requests_now() -> anyhow::Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_written_into_an_approved_range_stop_the_run() -> anyhow::Result<()> {
-    let (env, cfg, alice, bob) = world("tr_grown").await?;
+    let (env, cfg, alice, bob) = trust_world("tr_grown").await?;
     let mut c = env.sql().await?;
-    let (_, since, until) = written(&mut c, "a-1", 6).await?;
-    request(&cfg, &alice, &since, &until);
+    let (_, since, until) = written_range(&mut c, "a-1", 6).await?;
+    request_as(&cfg, &alice, &since, &until);
     replay(&cfg, &["approve", "1", "--dsn", &bob], true);
     // Back-dated into the approved range after the approval.
     c.execute(
@@ -531,18 +436,18 @@ async fn rows_written_into_an_approved_range_stop_the_run() -> anyhow::Result<()
         ),
         "{out}"
     );
-    assert_eq!(state(&c, 1).await?, "approved");
+    assert_eq!(replay_state(&c, 1).await?, "approved");
     nothing_on_the_topic(&env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decoy_operator_does_not_fool_the_guard() -> anyhow::Result<()> {
-    let (env, cfg, alice, _) = world("tr_decoy").await?;
+    let (env, cfg, alice, _) = trust_world("tr_decoy").await?;
     let mut c = env.sql().await?;
     c.batch_execute("GRANT CREATE ON SCHEMA public TO alice")
         .await?;
-    let (_, since, until) = written(&mut c, "a-1", 6).await?;
-    request(&cfg, &alice, &since, &until);
+    let (_, since, until) = written_range(&mut c, "a-1", 6).await?;
+    request_as(&cfg, &alice, &since, &until);
     // Her own `=` for (name, text), which the guard's role comparisons would use, searched
     // before pg_catalog in her session.
     let a = connect(&alice).await?;
@@ -560,14 +465,14 @@ async fn a_decoy_operator_does_not_fool_the_guard() -> anyhow::Result<()> {
         .get(0);
     assert!(fooled, "the decoy is not in effect in her session");
     let set = |s: &str| format!("UPDATE outboxd_replay SET {s} WHERE id = $1");
-    refused(
+    refused_by_guard(
         &a,
         &set("state = 'approved', approved_by = 'x'"),
         1,
         "another role must approve",
     )
     .await;
-    refused(
+    refused_by_guard(
         &a,
         &set("state = 'running', runs = runs + 1"),
         1,
@@ -576,13 +481,13 @@ async fn a_decoy_operator_does_not_fool_the_guard() -> anyhow::Result<()> {
     .await;
     let out = replay(&cfg, &["run", "1", "--dsn", &alice], false);
     assert!(out.contains("needs an approval first"), "{out}");
-    assert_eq!(state(&c, 1).await?, "requested");
+    assert_eq!(replay_state(&c, 1).await?, "requested");
     nothing_on_the_topic(&env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_never_creates_the_audit_table() -> anyhow::Result<()> {
-    let (env, cfg, alice, _) = world("tr_missing").await?;
+    let (env, cfg, alice, _) = trust_world("tr_missing").await?;
     let c = env.sql().await?;
     let since = db_now(&c).await?;
     let until = db_now(&c).await?;

@@ -286,10 +286,17 @@ impl Summary {
     /// directly.
     pub fn approval_reasons(&self, policy: &Policy) -> Vec<String> {
         let mut why = Vec::new();
-        if self.total.max(0) as u64 > policy.approval_over {
+        // Ids not found count too, as the table's guard counts them: they may be written later.
+        let missing = self.not_found.len() as u64;
+        if self.total.max(0) as u64 + missing > policy.approval_over {
             why.push(format!(
-                "{} events, over replay.approval_over = {} (the database's policy)",
-                self.total, policy.approval_over
+                "{} events{}, over replay.approval_over = {} (the database's policy)",
+                self.total,
+                match missing {
+                    0 => String::new(),
+                    n => format!(" and {n} event_id(s) not found"),
+                },
+                policy.approval_over
             ));
         }
         for t in &self.side_effects {
@@ -497,5 +504,14 @@ mod tests {
             ..s
         };
         assert!(s.approval_reasons(&lax).is_empty());
+        let s = Summary {
+            not_found: vec!["x".into()],
+            ..s
+        };
+        assert_eq!(
+            s.approval_reasons(&lax),
+            ["5 events and 1 event_id(s) not found, over replay.approval_over = 5 (the database's \
+              policy)"]
+        );
     }
 }
