@@ -10,8 +10,13 @@
 -- Created by `outboxd init` when it runs as a superuser (CREATE EVENT TRIGGER needs one);
 -- otherwise apply this file as one. Idempotent. Database-wide: one for every relay.
 
+-- It runs as whoever issues the publication DDL, often a superuser: it searches only pg_catalog,
+-- so no role that can create objects in a schema on that session's search_path can put its own
+-- function or operator in the place of the ones it calls.
 CREATE OR REPLACE FUNCTION public.outboxd_publication_changed() RETURNS event_trigger
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
 DECLARE
     changed jsonb;
 BEGIN

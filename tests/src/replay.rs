@@ -1,5 +1,6 @@
-//! Helpers of the replay tests (tests/tests/replay.rs, replay_runs.rs): reading records raw,
-//! writing events, running `outboxd replay`, reading its audit row.
+//! Helpers of the replay tests (tests/tests/replay.rs, replay_runs.rs, trust_replay.rs): reading
+//! records raw, writing events, running `outboxd replay`, reading its audit row, the operators'
+//! roles and the admin's init.
 
 use crate::*;
 use std::collections::HashMap;
@@ -149,4 +150,139 @@ pub async fn audit(
         r.get(6),
         r.get(7),
     ))
+}
+
+/// Creates the roles of sql/roles.sql and two operators in the replay group (alice, bob);
+/// returns their DSNs.
+pub async fn operators(env: &Env) -> anyhow::Result<(String, String)> {
+    let c = env.sql().await?;
+    let roles = include_str!("../../sql/roles.sql");
+    let (create, grants) = roles.split_once("-- ---- 2.").expect("two blocks");
+    c.batch_execute(create).await?;
+    c.batch_execute(&format!("--{grants}")).await?;
+    c.batch_execute(
+        "CREATE ROLE alice LOGIN PASSWORD 'alice-pw' IN ROLE outboxd_replay; \
+         CREATE ROLE bob LOGIN PASSWORD 'bob-pw' IN ROLE outboxd_replay",
+    )
+    .await?;
+    let dsn = |who: &str| {
+        env.pg.dsn(&env.db).replace(
+            &format!("postgres:{}", testkit::PG_PASSWORD),
+            &format!("{who}:{who}-pw"),
+        )
+    };
+    Ok((dsn("alice"), dsn("bob")))
+}
+
+/// `outboxd init` by the admin (the env's superuser) with the env's config as it is now: writes
+/// its `[replay]` approval policy into the database (`Env::start` ran init with the default one).
+pub async fn init_as_admin(env: &Env) -> anyhow::Result<()> {
+    outboxd::init(&env.config()?).await?;
+    Ok(())
+}
+
+/// A connection as `dsn`'s role (an operator typing SQL by hand).
+pub async fn connect(dsn: &str) -> anyhow::Result<tokio_postgres::Client> {
+    let (c, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    Ok(c)
+}
+
+// ---- the replay trust tests (tests/tests/trust_replay.rs) ---------------------------------
+
+/// The admin's policy, written into the database by `outboxd init`.
+pub const ADMIN_POLICY: &str =
+    "[replay]\napproval_over = 4\nside_effect_types = [\"EmailRequested\"]\n";
+
+/// A world with the admin's policy installed, the topic, and the operators alice and bob.
+pub async fn trust_world(name: &str) -> anyhow::Result<(Env, std::path::PathBuf, String, String)> {
+    let mut env = Env::start(name).await?;
+    env.extra_toml = ADMIN_POLICY.into();
+    init_as_admin(&env).await?;
+    create_topics(&env.bootstrap(), &[ACCT], 3).await?;
+    let cfg = env.config_file()?;
+    let (alice, bob) = operators(&env).await?;
+    Ok((env, cfg, alice, bob))
+}
+
+/// `n` events of aggregate `agg`, written in a range of their own: (events, since, until).
+pub async fn written_range(
+    c: &mut tokio_postgres::Client,
+    agg: &str,
+    n: i64,
+) -> anyhow::Result<(Vec<NewEvent>, String, String)> {
+    let since = db_now(c).await?;
+    let evs = events("acct", agg, n, "Deposited");
+    write_events(c, &evs, false).await?;
+    let until = db_now(c).await?;
+    Ok((evs, since, until))
+}
+
+/// `replay request` of `[since, until)` as `who`.
+pub fn request_as(cfg: &std::path::Path, who: &str, since: &str, until: &str) -> String {
+    replay(
+        cfg,
+        &[
+            "request", "--since", since, "--until", until, "--reason", "r", "--dsn", who,
+        ],
+        true,
+    )
+}
+
+/// A range selection as the audit row stores it.
+pub fn range(since: &str, until: &str) -> serde_json::Value {
+    serde_json::json!({"by": "range", "since": since, "until": until,
+           "event_types": [], "aggregate_types": [], "aggregate_ids": []})
+}
+
+/// An audit row as a member writes it by hand, claiming it needs no approval.
+pub async fn insert_by_hand(
+    c: &tokio_postgres::Client,
+    slot: &str,
+    state: &str,
+    selection: serde_json::Value,
+    events: i64,
+    summary: serde_json::Value,
+) -> Result<i64, tokio_postgres::Error> {
+    Ok(c.query_one(
+        "INSERT INTO outboxd_replay (slot, state, selection, events, summary, needs_approval, \
+           reason, rate) VALUES ($1, $2, $3, $4, $5, false, 'by hand', 100000) RETURNING id",
+        &[&slot, &state, &selection, &events, &summary],
+    )
+    .await?
+    .get(0))
+}
+
+/// The database's message of a refused statement.
+pub fn db_message(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map_or_else(|| e.to_string(), |d| d.message().to_string())
+}
+
+/// `sql` (with the replay id as $1) is refused by the guard, saying `says`.
+pub async fn refused_by_guard(c: &tokio_postgres::Client, sql: &str, id: i64, says: &str) {
+    let err = c
+        .execute(sql, &[&id])
+        .await
+        .expect_err(&format!("the guard let through: {sql}"));
+    assert!(db_message(&err).contains(says), "{sql}: {err:?}");
+}
+
+/// The replay's state.
+pub async fn replay_state(c: &tokio_postgres::Client, id: i64) -> anyhow::Result<String> {
+    Ok(
+        c.query_one("SELECT state FROM outboxd_replay WHERE id = $1", &[&id])
+            .await?
+            .get(0),
+    )
+}
+
+/// Nothing reached the replay topic.
+pub fn nothing_on_the_topic(env: &Env) -> anyhow::Result<()> {
+    assert_eq!(
+        raw_records(env, ACCT, 0)?.len(),
+        0,
+        "a record reached the topic"
+    );
+    Ok(())
 }

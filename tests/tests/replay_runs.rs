@@ -1,8 +1,8 @@
 //! Replay runs (R38, issue 20; selection and byte identity: replay.rs):
 //!
-//! - approval: too large or side-effecting → `--execute` refused naming `replay request`; the
-//!   requesting role cannot approve (the command and the table's guard both refuse); another
-//!   role can, and `run` executes;
+//! - approval: too large or side-effecting (by the policy `init` wrote from the admin's config)
+//!   → `--execute` refused naming `replay request`; the requesting role cannot approve (the
+//!   command and the table's guard both refuse); another role can, and `run` executes;
 //! - resume: a replay process SIGKILLed mid-run continues at its cursor: every event arrives,
 //!   nothing acknowledged before the cursor is sent again;
 //! - SIGTERM: the run stops after its in-flight events are acknowledged and recorded
@@ -17,32 +17,13 @@ use outboxd_tests::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Creates the roles of sql/roles.sql and two operators in the replay group; returns their DSNs.
-async fn operators(env: &Env) -> anyhow::Result<(String, String)> {
-    let c = env.sql().await?;
-    let roles = include_str!("../../sql/roles.sql");
-    let (create, grants) = roles.split_once("-- ---- 2.").expect("two blocks");
-    c.batch_execute(create).await?;
-    c.batch_execute(&format!("--{grants}")).await?;
-    c.batch_execute(
-        "CREATE ROLE alice LOGIN PASSWORD 'alice-pw' IN ROLE outboxd_replay; \
-         CREATE ROLE bob LOGIN PASSWORD 'bob-pw' IN ROLE outboxd_replay",
-    )
-    .await?;
-    let dsn = |who: &str| {
-        env.pg.dsn(&env.db).replace(
-            &format!("postgres:{}", testkit::PG_PASSWORD),
-            &format!("{who}:{who}-pw"),
-        )
-    };
-    Ok((dsn("alice"), dsn("bob")))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_or_side_effecting_replays_need_another_role_to_approve() -> anyhow::Result<()> {
     let mut env = Env::start("rp_approve").await?;
+    // The admin's policy, written into the database by init (an operator's config has no say).
     env.extra_toml =
         "[replay]\napproval_over = 4\nside_effect_types = [\"EmailRequested\"]\n".into();
+    init_as_admin(&env).await?;
     create_topics(&env.bootstrap(), &[ACCT], 3).await?;
     let cfg = env.config_file()?;
     let (alice, bob) = operators(&env).await?;
@@ -104,8 +85,7 @@ async fn large_or_side_effecting_replays_need_another_role_to_approve() -> anyho
         "{out}"
     );
     // The table's guard holds against a hand-written approval too.
-    let (as_alice_sql, conn) = tokio_postgres::connect(&alice, tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
+    let as_alice_sql = connect(&alice).await?;
     let err = as_alice_sql
         .execute(
             "UPDATE outboxd_replay SET state = 'approved', approved_by = 'bob' WHERE id = 1",

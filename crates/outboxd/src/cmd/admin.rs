@@ -151,7 +151,7 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     crate::poison::store::ensure_tables(&sql).await?;
     crate::obs::status_row::ensure_table(&sql).await?;
     crate::shadow::store::ensure_tables(&sql).await?;
-    crate::replay::store::ensure_table(&sql)
+    crate::replay::store::install(&sql, cfg)
         .await
         .map_err(|e| match e {
             crate::replay::ReplayError::Relay(e) => e,

@@ -1,5 +1,6 @@
 //! What `outboxd check` says about the jobs beside streaming: cleanup (can its role delete, and
-//! where does it run) and shadow mode (do the legacy topics exist).
+//! where does it run), shadow mode (do the legacy topics exist) and the replay audit (is its
+//! guard installed and enabled, is the database's approval policy this config's).
 
 use super::admin::CheckLine;
 use crate::config::Config;
@@ -14,7 +15,23 @@ pub async fn lines(cfg: &Config, topics: Option<&[String]>) -> Vec<CheckLine> {
     if cfg.shadow.enabled {
         out.push(shadow(cfg, topics));
     }
+    out.extend(replay(cfg).await);
     out
+}
+
+/// The replay audit's install and policy: a warning each when something is missing, disabled
+/// or not this config's (nothing when all is well, or Postgres is unreachable: said elsewhere).
+async fn replay(cfg: &Config) -> Vec<CheckLine> {
+    let Ok(sql) = crate::relay::source::sql_connect(cfg).await else {
+        return Vec::new();
+    };
+    match crate::replay::store::check_install(&sql, cfg).await {
+        Ok(warnings) => warnings
+            .into_iter()
+            .map(|w| CheckLine::warn("replay", w))
+            .collect(),
+        Err(e) => vec![CheckLine::warn("replay", e.to_string())],
+    }
 }
 
 async fn cleanup(cfg: &Config, retention: std::time::Duration) -> CheckLine {

@@ -6,7 +6,9 @@
 //!   dry run's summary (counts per event type and topic, time span, ids not found);
 //! - `consumers`: who receives a replay — per target topic, the consumer groups with committed
 //!   offsets on it and their lag, asked of the broker (bounded; never fails a command);
-//! - `store`: the audit table `outboxd_replay` (all its SQL): request, approval by another
+//! - `install`: the audit table, the approval policy (`outboxd_replay_policy`, the admin's) and
+//!   the guard that enforces both, installed by `outboxd init` and only checked by `replay`;
+//! - `store`: the audit table `outboxd_replay` (its rows' SQL): request, approval by another
 //!   database role, runs, the resume cursor, the result;
 //! - `run`: one run of an approved replay through [`crate::relay::table_reader`] and the live
 //!   path's stages, rate-capped (`pace`), with progress (`progress`), resumable at its cursor.
@@ -15,6 +17,7 @@
 //! `event_id` (docs/inbox.md).
 
 pub(crate) mod consumers;
+pub(crate) mod install;
 pub(crate) mod pace;
 pub(crate) mod progress;
 pub(crate) mod run;
@@ -66,6 +69,48 @@ pub enum ReplayError {
         class: String,
         message: String,
     },
+    /// The audit table, the policy table or this version's guard is missing: `outboxd replay`
+    /// never creates them (their creator would own them, and an owner can disable the guard).
+    #[error(
+        "outboxd_replay is missing (or predates the approval policy): run `outboxd init` as the \
+         admin role (see sql/roles.sql)"
+    )]
+    NotInstalled,
+    /// The guard trigger is disabled (only the table's owner or a superuser can do that).
+    #[error(
+        "the trigger outboxd_replay_guard on outboxd_replay is disabled, so nothing enforces the \
+         two-person rule: ask the admin to enable it (ALTER TABLE outboxd_replay ENABLE TRIGGER \
+         outboxd_replay_guard) and to review the rows changed meanwhile"
+    )]
+    GuardDisabled,
+    /// No approval policy for this relay's slot in `outboxd_replay_policy`.
+    #[error(
+        "no replay policy for slot {0} (outboxd_replay_policy): run `outboxd init` as the admin \
+         role with this relay's config"
+    )]
+    NoPolicy(String),
+    /// The stored selection holds more events than were requested (rows written or back-dated
+    /// into it since): what was approved is not what would run.
+    #[error(
+        "replay {id}: the selection holds {now} events now, {requested} were requested: request \
+         a new replay"
+    )]
+    Grown { id: i64, now: i64, requested: i64 },
+    /// More events acknowledged over all runs than were requested: the cursor was moved back
+    /// by hand, or rows were written into the selection while it ran.
+    #[error(
+        "replay {id}: {sent} events acknowledged over its runs, more than the {events} \
+         requested (its cursor was moved back, or rows were written into its selection): \
+         request a new replay"
+    )]
+    Overrun { id: i64, sent: i64, events: i64 },
+    /// Counted again, the selection needs an approval (by the database's policy) that the
+    /// replay does not have.
+    #[error(
+        "replay {id} needs an approval ({why}) by the database's replay policy and has none: \
+         request a new replay (`outboxd replay request`) and have another role approve it"
+    )]
+    Unapproved { id: i64, why: String },
     /// The audit table's guard refused a change (e.g. an approval by the requesting role).
     #[error("{0}")]
     Denied(String),

@@ -3,7 +3,8 @@
 //! rate-capped. After each batch the broker fully acknowledged (and every batch before it), the
 //! cursor moves to its last row: a run killed at any point (SIGKILL included) is continued by
 //! the next `replay run` right after the cursor, so it re-sends at most the unacknowledged tail
-//! and never skips an event.
+//! and never skips an event. Before it runs, the stored selection is counted again
+//! against the database's policy ([`recount`]).
 
 use super::pace::Pacer;
 use super::progress::Progress;
@@ -42,6 +43,8 @@ fn batch(rate: u32) -> usize {
 struct RunHooks<'a> {
     audit: &'a Client,
     id: i64,
+    /// Events requested: no more are acknowledged over all runs.
+    events: i64,
     /// Acknowledged by earlier runs.
     before: i64,
     pacer: Pacer,
@@ -62,6 +65,13 @@ impl Hooks for RunHooks<'_> {
         acked: u64,
     ) -> Result<(), RelayError> {
         let total = self.before + acked as i64;
+        // Over budget: the cursor went back, or rows landed in the selection since the recount.
+        // What the broker acknowledged is recorded, and the run stops.
+        let over = (total > self.events).then_some(ReplayError::Overrun {
+            id: self.id,
+            sent: total,
+            events: self.events,
+        });
         if let Some(p) = through {
             store::save_cursor(self.audit, self.id, p, total)
                 .await
@@ -72,8 +82,48 @@ impl Hooks for RunHooks<'_> {
             crate::fail::hit("replay_cursor_saved");
         }
         self.progress.acknowledged(total as u64);
-        Ok(())
+        match over {
+            Some(e) => Err(RelayError::Setup(e.to_string())),
+            None => Ok(()),
+        }
     }
+}
+
+/// What was approved is what runs: no more events acknowledged over all runs than were
+/// requested (also checked as the run goes: [`RunHooks`]); the stored selection, counted again
+/// now, may hold no more events than were requested (rows written or back-dated into it since would ride on the
+/// approval), and may not need an approval, by the database's policy now, that the replay does
+/// not have (a type marked as having side effects since, a row with a lying summary).
+async fn recount(
+    cfg: &Config,
+    sql: &Client,
+    r: &store::Replay,
+    sel: &Selection,
+) -> Result<(), ReplayError> {
+    if r.sent > r.events {
+        return Err(ReplayError::Overrun {
+            id: r.id,
+            sent: r.sent,
+            events: r.events,
+        });
+    }
+    let policy = store::policy(sql, &cfg.source.slot).await?;
+    let now = select::summarize(cfg, sql, sel, &policy).await?;
+    if now.total > r.events {
+        return Err(ReplayError::Grown {
+            id: r.id,
+            now: now.total,
+            requested: r.events,
+        });
+    }
+    let why = now.approval_reasons(&policy);
+    if !why.is_empty() && r.approved_by.is_none() {
+        return Err(ReplayError::Unapproved {
+            id: r.id,
+            why: why.join("; "),
+        });
+    }
+    Ok(())
 }
 
 /// Runs (or continues) replay `id`. `cfg.source.dsn` is the replay's role; `rate` may lower
@@ -87,7 +137,7 @@ pub async fn execute(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<Outcome, ReplayError> {
     let audit = source::sql_connect(cfg).await?;
-    store::ensure_table(&audit).await?;
+    store::require_installed(&audit).await?;
     if !store::lock(&audit, id).await? {
         return Err(ReplayError::Busy(id));
     }
@@ -115,6 +165,7 @@ pub async fn execute(
     let approved = u32::try_from(r.rate).unwrap_or(1).max(1);
     let rate = rate.map_or(approved, |x| x.clamp(1, approved));
     let sel = Selection::from_json(&r.selection)?;
+    recount(cfg, &audit, &r, &sel).await?;
     let names = cfg.source.columns.resolve().map_err(RelayError::from)?;
     let reader = source::sql_connect(cfg).await?;
     TableReader::prepare_session(&reader).await?;
@@ -138,6 +189,7 @@ pub async fn execute(
     let mut hooks = RunHooks {
         audit: &audit,
         id,
+        events: r.events,
         before: r.sent,
         pacer: Pacer::new(rate),
         progress: Progress::new(id, r.events.max(0) as u64, r.sent.max(0) as u64),

@@ -3,8 +3,8 @@
 //! in the audit row (what was approved is what runs) and becomes the SQL filter of the table
 //! reader; the dry run's [`Summary`] counts what it selects, per event type and topic.
 
+use super::store::Policy;
 use super::ReplayError;
-use crate::config::replay::ReplayConfig;
 use crate::config::Config;
 use crate::relay::route::{is_uuid, ColumnNames, TopicTemplate};
 use crate::relay::source::quote_ident;
@@ -264,7 +264,8 @@ pub struct Summary {
     pub last: Option<DateTime<Utc>>,
     /// Ids of an id selection that are not in the table.
     pub not_found: Vec<String>,
-    /// Selected event types marked as having side effects (`replay.side_effect_types`).
+    /// Selected event types the database's policy marks as having side effects
+    /// (`replay.side_effect_types` of the admin's config, written by `outboxd init`).
     pub side_effects: Vec<String>,
     /// Selected event types outboxd does not deliver yet (`[shadow]`): refused.
     pub shadowed: Vec<String>,
@@ -281,13 +282,21 @@ impl Summary {
         )
     }
 
-    /// Why a second person must approve it; empty when it may run directly.
-    pub fn approval_reasons(&self, cfg: &ReplayConfig) -> Vec<String> {
+    /// Why a second person must approve it, by the database's policy; empty when it may run
+    /// directly.
+    pub fn approval_reasons(&self, policy: &Policy) -> Vec<String> {
         let mut why = Vec::new();
-        if self.total as u64 > cfg.approval_over {
+        // Ids not found count too, as the table's guard counts them: they may be written later.
+        let missing = self.not_found.len() as u64;
+        if self.total.max(0) as u64 + missing > policy.approval_over {
             why.push(format!(
-                "{} events, over replay.approval_over = {}",
-                self.total, cfg.approval_over
+                "{} events{}, over replay.approval_over = {} (the database's policy)",
+                self.total,
+                match missing {
+                    0 => String::new(),
+                    n => format!(" and {n} event_id(s) not found"),
+                },
+                policy.approval_over
             ));
         }
         for t in &self.side_effects {
@@ -330,11 +339,13 @@ pub fn refuse_shadowed(shadowed: &[String]) -> Result<(), ReplayError> {
     )))
 }
 
-/// Counts what `sel` selects now: per event type and topic, the time span, missing ids.
+/// Counts what `sel` selects now: per event type and topic, the time span, missing ids, and
+/// the types `policy` (the database's) marks as having side effects.
 pub async fn summarize(
     cfg: &Config,
     sql: &Client,
     sel: &Selection,
+    policy: &Policy,
 ) -> Result<Summary, ReplayError> {
     let names = cfg
         .source
@@ -389,7 +400,7 @@ pub async fn summarize(
     types.dedup();
     s.side_effects = types
         .iter()
-        .filter(|t| cfg.replay.has_side_effects(t))
+        .filter(|t| policy.has_side_effects(t))
         .cloned()
         .collect();
     s.shadowed = shadowed(cfg, types.iter().map(String::as_str));
@@ -455,5 +466,52 @@ mod tests {
         ] {
             assert_eq!(Selection::from_json(&sel.to_json()).unwrap(), sel);
         }
+    }
+
+    #[test]
+    fn the_guards_spelling_of_a_range_is_read_back() {
+        // The guard rewrites both ends as to_char(… AT TIME ZONE 'UTC',
+        // 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'): always six fraction digits, Z.
+        let v = json!({"by": "range", "since": "2026-01-01T00:00:00.000000Z",
+                       "until": "2026-12-04T17:21:28.578351Z"});
+        let Selection::Range { since, until, .. } = Selection::from_json(&v).unwrap() else {
+            panic!("not a range")
+        };
+        assert_eq!(since.to_rfc3339(), "2026-01-01T00:00:00+00:00");
+        assert_eq!(until.timestamp_subsec_micros(), 578_351);
+    }
+
+    #[test]
+    fn approval_reasons_follow_the_policy() {
+        let s = Summary {
+            total: 5,
+            side_effects: vec!["Paid".into()],
+            ..Summary::default()
+        };
+        let strict = Policy {
+            approval_over: 4,
+            side_effect_types: vec!["Paid".into()],
+        };
+        let why = s.approval_reasons(&strict);
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(why[0].contains("5 events, over replay.approval_over = 4"));
+        let lax = Policy {
+            approval_over: 5,
+            side_effect_types: vec![],
+        };
+        let s = Summary {
+            side_effects: vec![],
+            ..s
+        };
+        assert!(s.approval_reasons(&lax).is_empty());
+        let s = Summary {
+            not_found: vec!["x".into()],
+            ..s
+        };
+        assert_eq!(
+            s.approval_reasons(&lax),
+            ["5 events and 1 event_id(s) not found, over replay.approval_over = 5 (the database's \
+              policy)"]
+        );
     }
 }

@@ -2,9 +2,12 @@
 //! asked and why, what it selected, who approved it, its runs, its resume cursor and its
 //! result. All SQL of that table lives here.
 //!
-//! The table's trigger records the roles itself (`current_user`, `session_user`) and refuses
-//! an approval by the requesting role, so the two-person rule holds for anyone who writes the
-//! table, not only for this program.
+//! The table's trigger records the roles itself (`current_user`, `session_user`), refuses an
+//! approval by the requesting role, decides whether a replay needs an approval from the policy
+//! table (`outboxd_replay_policy`, the admin's), and computes every column of a run from its
+//! state transition: the two-person rule holds for anyone who writes the table, not only for
+//! this program. `outboxd init` installs all of it ([`install`], in `replay::install`);
+//! `outboxd replay` only checks that it is there ([`require_installed`]).
 
 use super::ReplayError;
 use crate::relay::table_reader::Position;
@@ -12,28 +15,9 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio_postgres::Client;
 
-/// DDL of the audit table and its guard (also `sql/060_outboxd_replay.sql`).
-pub const REPLAY_SQL: &str = include_str!("../../../../sql/060_outboxd_replay.sql");
-
-/// Creates the table (and its guard) when missing.
-pub async fn ensure_table(sql: &Client) -> Result<(), ReplayError> {
-    let present: bool = sql
-        .query_one("SELECT to_regclass('outboxd_replay') IS NOT NULL", &[])
-        .await?
-        .get(0);
-    if present {
-        return Ok(());
-    }
-    sql.batch_execute(&crate::schema::unqualified(REPLAY_SQL))
-        .await
-        .map_err(|e| {
-            ReplayError::Relay(crate::error::RelayError::Setup(format!(
-                "cannot create outboxd_replay ({}): run `outboxd init` as a role that may \
-                 create tables",
-                crate::error::RelayError::from(e)
-            )))
-        })
-}
+#[cfg(test)]
+pub use super::install::REPLAY_SQL;
+pub use super::install::{check_install, install, now, policy, require_installed, Policy};
 
 /// One audit row.
 #[derive(Debug, Clone)]
@@ -229,18 +213,19 @@ pub async fn lock(sql: &Client, id: i64) -> Result<bool, ReplayError> {
         .get(0))
 }
 
-/// A run starts (or continues at the cursor).
+/// A run starts (or continues at the cursor). The guard counts the run and records its role
+/// and start itself; it refuses a replay that is finished or was never approved.
 pub async fn start_run(sql: &Client, id: i64) -> Result<(), ReplayError> {
     sql.execute(
-        "UPDATE outboxd_replay SET state = 'running', runs = runs + 1, run_by = current_user, \
-           started_at = coalesce(started_at, now()), error = NULL WHERE id = $1",
+        "UPDATE outboxd_replay SET state = 'running', runs = runs + 1 WHERE id = $1",
         &[&id],
     )
     .await?;
     Ok(())
 }
 
-/// The broker acknowledged every selected event up to `through`, `sent` in all.
+/// The broker acknowledged every selected event up to `through`, `sent` in all (the guard
+/// refuses a cursor or count that goes back).
 pub async fn save_cursor(
     sql: &Client,
     id: i64,
@@ -255,7 +240,8 @@ pub async fn save_cursor(
     Ok(())
 }
 
-/// A run ended: `finished`, `interrupted` or `failed` (with the error).
+/// A run ended: `finished`, `interrupted` or `failed` (with the error). The guard records
+/// `finished_at`.
 pub async fn end_run(
     sql: &Client,
     id: i64,
@@ -263,8 +249,7 @@ pub async fn end_run(
     error: Option<&str>,
 ) -> Result<(), ReplayError> {
     sql.execute(
-        "UPDATE outboxd_replay SET state = $2, error = $3, \
-           finished_at = CASE WHEN $2 = 'finished' THEN now() END WHERE id = $1",
+        "UPDATE outboxd_replay SET state = $2, error = $3 WHERE id = $1",
         &[&id, &state, &error],
     )
     .await?;

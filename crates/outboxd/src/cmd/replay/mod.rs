@@ -204,38 +204,42 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
         ));
     }
     let sql = source::sql_connect(cfg).await?;
-    store::ensure_table(&sql).await?;
+    // Never created here: its creator would own it, and an owner can disable its guard.
+    store::require_installed(&sql).await?;
     let slot = &cfg.source.slot;
     let ok = |s: String| Ok((s, ExitCode::SUCCESS));
     match args.cmd {
         None if !args.execute => {
-            let (sel, summary) = plan(cfg, &sql, &args.select).await?;
+            let p = plan(cfg, &sql, &args.select).await?;
             let rate = args.req.rate.unwrap_or(cfg.replay.rate);
-            let who = who(cfg, &summary).await;
-            ok(render::plan(cfg, &sel, &summary, rate, &who))
+            let who = who(cfg, &p.summary).await;
+            ok(render::plan(
+                &p.sel, &p.summary, &p.policy, p.capped, rate, &who,
+            ))
         }
         None => {
             let reason = reason(&args.req)?;
-            let (sel, summary) = plan(cfg, &sql, &args.select).await?;
+            let p = plan(cfg, &sql, &args.select).await?;
+            let (sel, summary) = (&p.sel, &p.summary);
             select::refuse_shadowed(&summary.shadowed)?;
-            let why = summary.approval_reasons(&cfg.replay);
+            let why = summary.approval_reasons(&p.policy);
             if !why.is_empty() {
                 return Err(ReplayError::NeedsApproval {
                     why: why.join("; "),
                 });
             }
             if summary.total == 0 {
-                let who = who(cfg, &summary).await;
-                let plan = render::plan(cfg, &sel, &summary, cfg.replay.rate, &who);
+                let who = who(cfg, summary).await;
+                let plan = render::plan(sel, summary, &p.policy, p.capped, cfg.replay.rate, &who);
                 return ok(format!("nothing to replay\n{plan}"));
             }
-            let id = record(cfg, &sql, &sel, &summary, &args.req, reason, false).await?;
+            let id = record(cfg, &sql, sel, summary, &args.req, reason, false).await?;
             drop(sql);
             execute(cfg, id, args.req.rate).await
         }
         Some(ReplayCmd::Request { select, req }) => {
             let reason = reason(&req)?;
-            let (sel, summary) = plan(cfg, &sql, &select).await?;
+            let Plan { sel, summary, .. } = plan(cfg, &sql, &select).await?;
             select::refuse_shadowed(&summary.shadowed)?;
             if summary.total == 0 {
                 return Err(ReplayError::Selection(format!(
@@ -245,11 +249,13 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
             }
             let id = record(cfg, &sql, &sel, &summary, &req, reason, true).await?;
             let r = store::load(&sql, slot, id).await?;
+            // As stored (the guard ends a range at its now()): what runs.
+            let stored = Selection::from_json(&r.selection)?;
             let mut out = format!(
                 "replay {id} requested by database role {}: {} event(s), {}\n",
                 printable(&r.requested_by),
                 summary.total,
-                sel.describe()
+                stored.describe()
             );
             for (i, l) in render::consumers(&who(cfg, &summary).await)
                 .iter()
@@ -301,15 +307,47 @@ async fn who(cfg: &Config, summary: &Summary) -> Consumers {
     consumers::lookup(cfg, summary.groups.iter().map(|g| g.1.as_str())).await
 }
 
+/// A selection as it would be recorded, what it holds now, and the database's policy.
+struct Plan {
+    sel: Selection,
+    summary: Summary,
+    policy: store::Policy,
+    /// The `--until` asked for, when later than the database's now() (which the range ends at).
+    capped: Option<DateTime<Utc>>,
+}
+
 async fn plan(
     cfg: &Config,
     sql: &tokio_postgres::Client,
     args: &SelectArgs,
-) -> Result<(Selection, Summary), ReplayError> {
+) -> Result<Plan, ReplayError> {
+    let policy = store::policy(sql, &cfg.source.slot).await?;
     let uuid_column = select::event_id_type(cfg, sql).await? == "uuid";
-    let sel = args.selection(uuid_column)?;
-    let summary = select::summarize(cfg, sql, &sel).await?;
-    Ok((sel, summary))
+    let mut sel = args.selection(uuid_column)?;
+    // A range ends no later than now (the table's guard caps it too): rows written after the
+    // request or the approval are never part of it.
+    let mut capped = None;
+    if let Selection::Range { since, until, .. } = &mut sel {
+        let now = store::now(sql).await?;
+        if *until > now {
+            capped = Some(*until);
+            *until = now;
+            if *since >= now {
+                return Err(ReplayError::Selection(format!(
+                    "--since {} is not in the past (the database's now() is {})",
+                    since.to_rfc3339(),
+                    now.to_rfc3339()
+                )));
+            }
+        }
+    }
+    let summary = select::summarize(cfg, sql, &sel, &policy).await?;
+    Ok(Plan {
+        sel,
+        summary,
+        policy,
+        capped,
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -2,7 +2,6 @@
 //! (event types, topics, roles, reasons) are shown escaped, never sent to the terminal raw.
 
 use crate::cmd::parked::printable;
-use crate::config::Config;
 use crate::replay::consumers::{self, Consumers, Lag, OnTopic};
 use crate::replay::select::{Selection, Summary};
 use crate::replay::store;
@@ -104,11 +103,27 @@ fn labeled(o: &mut String, label: &str, lines: &[String]) {
     }
 }
 
-/// The dry run.
-pub fn plan(cfg: &Config, sel: &Selection, s: &Summary, rate: u32, c: &Consumers) -> String {
+/// The dry run, judged by the database's `policy`; `capped`: the `--until` asked for, when it
+/// was later than the database's clock (the selection ends at its now()).
+pub fn plan(
+    sel: &Selection,
+    s: &Summary,
+    policy: &store::Policy,
+    capped: Option<DateTime<Utc>>,
+    rate: u32,
+    c: &Consumers,
+) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "dry run: nothing was sent");
     let _ = writeln!(o, "selection:  {}", sel.describe());
+    if let Some(asked) = capped {
+        let _ = writeln!(
+            o,
+            "until:      --until {} is in the future: capped at the database's now() (rows \
+             written later are never part of this replay)",
+            asked.to_rfc3339()
+        );
+    }
     let rate = rate.max(1);
     let _ = writeln!(
         o,
@@ -150,8 +165,8 @@ pub fn plan(cfg: &Config, sel: &Selection, s: &Summary, rate: u32, c: &Consumers
     for t in &s.side_effects {
         let _ = writeln!(
             o,
-            "WARNING: event type {} has side effects (replay.side_effect_types): a consumer \
-             that does not deduplicate by event_id acts on it again",
+            "WARNING: event type {} has side effects (replay.side_effect_types, the database's \
+             policy): a consumer that does not deduplicate by event_id acts on it again",
             printable(t)
         );
     }
@@ -163,7 +178,7 @@ pub fn plan(cfg: &Config, sel: &Selection, s: &Summary, rate: u32, c: &Consumers
             printable(t)
         );
     }
-    let why = s.approval_reasons(&cfg.replay);
+    let why = s.approval_reasons(policy);
     if why.is_empty() {
         let _ = writeln!(
             o,
