@@ -99,6 +99,9 @@ GRANT SELECT ON public.outboxd_replay TO outboxd_cleanup;  -- no deletes while a
 GRANT USAGE ON SCHEMA public TO outboxd_replay;
 GRANT SELECT ON public.outbox TO outboxd_replay;
 GRANT SELECT, INSERT, UPDATE ON public.outboxd_replay TO outboxd_replay;
+-- The approval policy: written by `init` (outboxd_admin) from its [replay] config; readable by
+-- everyone already (sql/060: the guard reads it as the operator), named here to be explicit.
+GRANT SELECT ON public.outboxd_replay_policy TO outboxd_replay;
 GRANT USAGE ON SEQUENCE public.outboxd_replay_id_seq TO outboxd_replay;
 
 -- The application: writes events into the outbox in its own transactions.

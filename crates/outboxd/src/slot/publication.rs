@@ -107,9 +107,11 @@ pub async fn install_guard(sql: &Client) -> Result<String, RelayError> {
 pub async fn guarded(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
         .query_one(
-            "SELECT count(*) = 2 FROM pg_event_trigger \
-             WHERE evtname IN ('outboxd_publication_ddl', 'outboxd_publication_drop') \
-               AND evtenabled <> 'D'",
+            // With its function's search_path pinned (issue 27): an older install's function
+            // runs with the caller's path, often a superuser's, and is replaced by init.
+            "SELECT count(*) = 2 FROM pg_event_trigger e JOIN pg_proc p ON p.oid = e.evtfoid \
+             WHERE e.evtname IN ('outboxd_publication_ddl', 'outboxd_publication_drop') \
+               AND e.evtenabled <> 'D' AND p.proconfig IS NOT NULL",
             &[],
         )
         .await?
