@@ -51,7 +51,7 @@ pub struct Opts {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "0.025,0.05,0.075,0.1,0.125,0.15,0.2,0.25,0.5"
+        default_value = "0.01,0.025,0.05,0.075,0.1,0.125,0.15,0.2,0.25,0.5"
     )]
     pub sweep: Vec<f64>,
     /// Offered loads in events/s (open loop), instead of --sweep.

@@ -221,9 +221,12 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
                         metrics_exporter_prometheus::Matcher::Full(
                             crate::obs::COMMIT_TO_ACK.into(),
                         ),
+                        // Millisecond steps where a relay at light load lives (a produce
+                        // round trip to the broker plus the batching wait), then the
+                        // alerting range: a quantile is only as sharp as its buckets.
                         &[
-                            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                            60.0,
+                            0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025,
+                            0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                         ],
                     )?
                     .build_recorder();
