@@ -155,8 +155,7 @@ pub fn every_override_reaches_its_setting(
     scratch: &Path,
 ) -> Result<Vec<String>> {
     let load = |env: &BTreeMap<String, String>| {
-        outboxd::Config::from_toml_and_env(toml, env.clone())
-            .map_err(|e| anyhow::anyhow!("{e}"))
+        outboxd::Config::from_toml_and_env(toml, env.clone()).map_err(|e| anyhow::anyhow!("{e}"))
     };
     let base = load(env)?;
     anyhow::ensure!(
