@@ -5,16 +5,18 @@
 #   scripts/package-deb.sh                      release build (~8 min cold on 2 cores), target/debian/
 #   scripts/package-deb.sh --profile dev -o DIR from the debug binary (what the tests package)
 #   --no-build                                  use the binary already built for that profile
+#   --fast                                      faster compression, a larger file
 # Needs cargo-deb (scripts/deps.sh installs it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-profile=release out=target/debian build=1
+profile=release out=target/debian build=1 fast=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) profile="$2"; shift 2 ;;
     -o | --output) out="$2"; shift 2 ;;
     --no-build) build=; shift ;;
-    *) echo "usage: scripts/package-deb.sh [--profile release|dev] [--no-build] [-o DIR]" >&2; exit 2 ;;
+    --fast) fast=(--fast); shift ;;
+    *) echo "usage: scripts/package-deb.sh [--profile release|dev] [--no-build] [--fast] [-o DIR]" >&2; exit 2 ;;
   esac
 done
 dir=$profile
@@ -33,4 +35,4 @@ gzip -9n "$target"/deb/man/*.1
 "$bin" completions zsh >"$target/deb/completions/_outboxd"
 "$bin" completions fish >"$target/deb/completions/outboxd.fish"
 mkdir -p "$out"
-cargo deb --no-build --profile "$profile" -p outboxd -o "$out"
+cargo deb --no-build --profile "$profile" -p outboxd -o "$out" "${fast[@]}"
