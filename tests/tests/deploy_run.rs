@@ -239,8 +239,14 @@ async fn compose_services_deliver_as_the_least_privilege_relay() -> Result<()> {
     let mut init = service("outboxd-init", "init")?;
     prepare(&mut init, &hosts, scratch.path())?;
     assert!(init.env["OUTBOXD_SOURCE_DSN"].contains("outboxd_admin@"));
-    let out = run_ok(&mut init.command("outboxd-init"))?;
-    assert!(!out.contains("NOTICE"), "{out}");
+    let out = init.command("outboxd-init").output()?;
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !text.contains("NOTICE"),
+        "a fresh init says nothing it need not: {text}"
+    );
     // 3. outboxd-grants: `sh /compose/grants.sh` with the postgres image's psql.
     let grants = service("outboxd-grants", "grants")?;
     assert_eq!(grants.args[0], "sh");
@@ -379,5 +385,33 @@ async fn kubernetes_pair_delivers_with_a_ready_standby_that_takes_over() -> Resu
     })
     .await?;
     delivers(&pg, &hosts, "after", 20).await?;
+    // `kubectl exec … -- outboxd tail TOPIC`: the pod's config and environment reach the broker.
+    let mut tail = l.clone();
+    tail.args = ["tail", "outbox.event.deploy", "-n", "1"]
+        .map(String::from)
+        .to_vec();
+    let out = run_ok(&mut tail.command("outboxd-pod"))?;
+    assert!(
+        out.contains("key=before") && out.contains("event_id="),
+        "{out}"
+    );
+    Ok(())
+}
+
+/// The first `init` of a database (as a superuser, the quick start's way) prints what it did and
+/// nothing else: the shipped SQL's `DROP … IF EXISTS` used to add NOTICEs about triggers that
+/// "do not exist, skipping".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_init_prints_no_notice() -> Result<()> {
+    let (pg, _broker, hosts, scratch) = world(Postgres::start()?, "notice").await?;
+    let file = scratch.path().join("outboxd.toml");
+    let toml = read("deploy/compose/outboxd.toml")
+        .replace("outboxd_relay@", &format!("postgres:{PG_PASSWORD}@"));
+    std::fs::write(&file, hosts.config(&toml, free_port()))?;
+    let (code, out) = outboxd_tests::outboxd_cli(&["init"], &file);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("slot") && !out.contains("NOTICE"), "{out}");
+
+    drop(pg);
     Ok(())
 }
