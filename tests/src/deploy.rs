@@ -131,6 +131,16 @@ impl Launch {
     }
 }
 
+impl Launch {
+    /// Runs it to the end: whether it exited 0, and its stdout and stderr together.
+    pub fn output(&self, hostname: &str) -> Result<(bool, String)> {
+        let out = self.command(hostname).output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        Ok((out.status.success(), text))
+    }
+}
+
 /// The config file a launch reads (`--config` or `OUTBOXD_CONFIG`), as a host path.
 pub fn config_of(l: &Launch) -> Result<PathBuf> {
     let arg = l

@@ -239,10 +239,8 @@ async fn compose_services_deliver_as_the_least_privilege_relay() -> Result<()> {
     let mut init = service("outboxd-init", "init")?;
     prepare(&mut init, &hosts, scratch.path())?;
     assert!(init.env["OUTBOXD_SOURCE_DSN"].contains("outboxd_admin@"));
-    let out = init.command("outboxd-init").output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = init.output("outboxd-init")?;
+    assert!(ok, "{text}");
     assert!(
         !text.contains("NOTICE"),
         "a fresh init says nothing it need not: {text}"
@@ -269,10 +267,8 @@ async fn compose_services_deliver_as_the_least_privilege_relay() -> Result<()> {
     let port = prepare(&mut relay, &hosts, scratch.path())?;
     let mut check = relay.clone();
     check.args = vec!["check".into()];
-    let out = check.command("outboxd").output()?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
+    let (ok, text) = check.output("outboxd")?;
+    assert!(ok, "{text}");
     assert!(
         !text.contains("superuser"),
         "the relay is not a superuser: {text}"
@@ -398,20 +394,52 @@ async fn kubernetes_pair_delivers_with_a_ready_standby_that_takes_over() -> Resu
     Ok(())
 }
 
-/// The first `init` of a database (as a superuser, the quick start's way) prints what it did and
-/// nothing else: the shipped SQL's `DROP … IF EXISTS` used to add NOTICEs about triggers that
-/// "do not exist, skipping".
+/// The README's quick start, as written: its minimal config (hosts pointed here, the password
+/// from `OUTBOXD_SOURCE_PASSWORD` as it says), `init` — which on a fresh database prints what it
+/// did and nothing else (the shipped SQL's `DROP … IF EXISTS` used to add NOTICEs about
+/// triggers that "do not exist, skipping") — and the cleanup dry run the README lists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fresh_init_prints_no_notice() -> Result<()> {
-    let (pg, _broker, hosts, scratch) = world(Postgres::start()?, "notice").await?;
+async fn readme_minimal_config_inits_quietly_and_cleanup_dry_run_works() -> Result<()> {
+    let (pg, _broker, hosts, scratch) = world(Postgres::start()?, "readme").await?;
+    let readme = read("README.md");
+    let block = readme
+        .split("A minimal config")
+        .nth(1)
+        .and_then(|r| r.split("```toml\n").nth(1))
+        .and_then(|r| r.split("```").next())
+        .expect("README's minimal config");
     let file = scratch.path().join("outboxd.toml");
-    let toml = read("deploy/compose/outboxd.toml")
-        .replace("outboxd_relay@", &format!("postgres:{PG_PASSWORD}@"));
-    std::fs::write(&file, hosts.config(&toml, free_port()))?;
-    let (code, out) = outboxd_tests::outboxd_cli(&["init"], &file);
-    assert_eq!(code, 0, "{out}");
+    std::fs::write(
+        &file,
+        hosts.config(&block.replace("user@", "postgres@"), free_port()),
+    )?;
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(outboxd_tests::relay_bin())
+            .args(args)
+            .arg("--config")
+            .arg(&file)
+            .env("OUTBOXD_SOURCE_PASSWORD", PG_PASSWORD)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {text}");
+        text
+    };
+    let out = run(&["init"], &[]);
     assert!(out.contains("slot") && !out.contains("NOTICE"), "{out}");
-
+    let line = readme
+        .lines()
+        .find(|l| l.contains("OUTBOXD_CLEANUP_RETENTION="))
+        .expect("the README's cleanup example");
+    let retention = line.split("OUTBOXD_CLEANUP_RETENTION=").nth(1).unwrap();
+    let retention = retention.split_whitespace().next().unwrap();
+    let out = run(
+        &["cleanup", "--dry-run"],
+        &[("OUTBOXD_CLEANUP_RETENTION", retention)],
+    );
+    assert!(!out.is_empty(), "{out}");
     drop(pg);
     Ok(())
 }
