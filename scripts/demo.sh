@@ -23,7 +23,7 @@ bin="${CARGO_TARGET_DIR:-target}/debug"
 if [ -x "$bin/outboxd" ] && [ -x "$bin/outboxd-demo" ]; then
   step 2/3 "building outboxd and the demo (debug)"
 else
-  step 2/3 "building outboxd and the demo (debug; the first build compiles librdkafka and OpenSSL: ~3-4 min on 2 cores)"
+  step 2/3 "building outboxd and the demo (debug; the first build compiles librdkafka and OpenSSL: 4-5 min on 2 cores)"
 fi
 # Cargo's own progress: a bar at a terminal, a line per crate otherwise.
 cargo build -p outboxd -p outboxd-demo
