@@ -5,7 +5,9 @@
 //! Debian package by dpkg. Running what these files configure: tests/tests/deploy_run.rs.
 
 use anyhow::Result;
-use outboxd_tests::deploy::{kustomize, of_kind, repo, run_ok, s, tool, yaml_docs};
+use outboxd_tests::deploy::{
+    every_override_reaches_its_setting, kustomize, of_kind, repo, run_ok, s, tool, yaml_docs,
+};
 use outboxd_tests::relay_bin;
 use serde_json::Value;
 use std::process::Command;
@@ -274,6 +276,20 @@ fn check_pair(docs: &[Value], d: &Value) -> Result<String> {
         .find(|v| v["name"] == secret_mount["name"])
         .unwrap();
     assert!(vol["secret"]["secretName"].is_string(), "{vol}");
+    // Every OUTBOXD_* variable of the relay and of its init Job reaches its setting.
+    let mut pods = vec![pod];
+    pods.extend(
+        of_kind(docs, "Job")
+            .into_iter()
+            .map(|j| &j["spec"]["template"]["spec"]),
+    );
+    for p in pods {
+        let l = outboxd_tests::deploy::launch_of(docs, p, scratch.path())?;
+        let file = l.host_path(&l.env["OUTBOXD_SOURCE_PASSWORD_FILE"]).unwrap();
+        std::fs::write(file, "pw")?;
+        let toml = std::fs::read_to_string(outboxd_tests::deploy::config_of(&l)?)?;
+        every_override_reaches_its_setting(&toml, &l.host_env(), scratch.path())?;
+    }
     // PDB and Service select exactly this pair's pods.
     let ns_name = |o: &Value| s(&o["metadata"]["name"]).to_string();
     let pdb: Vec<&Value> = of_kind(docs, "PodDisruptionBudget")
