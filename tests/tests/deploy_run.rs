@@ -397,7 +397,9 @@ async fn kubernetes_pair_delivers_with_a_ready_standby_that_takes_over() -> Resu
 /// The README's quick start, as written: its minimal config (hosts pointed here, the password
 /// from `OUTBOXD_SOURCE_PASSWORD` as it says), `init` — which on a fresh database prints what it
 /// did and nothing else (the shipped SQL's `DROP … IF EXISTS` used to add NOTICEs about
-/// triggers that "do not exist, skipping") — and the cleanup dry run the README lists.
+/// triggers that "do not exist, skipping"; note: this test's binary, outboxd-under-test, did not
+/// show them even before the fix, the plain `outboxd` binary did) — and the cleanup dry run the
+/// README lists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readme_minimal_config_inits_quietly_and_cleanup_dry_run_works() -> Result<()> {
     let (pg, _broker, hosts, scratch) = world(Postgres::start()?, "readme").await?;
