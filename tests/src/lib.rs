@@ -18,6 +18,8 @@
 //!   written in real transactions.
 //! - `wait.rs`: [`eventually`]; `http.rs`: [`http_get`] against the metrics listener.
 //! - [`certs`]: a private certificate authority for TLS tests.
+//! - [`deploy`]: the deployment files as their tools read them, and a container's command and
+//!   environment run as a process here.
 //! - [`reliability`]: the writer, inbox consumer and delivery checks of the reliability tests.
 //! - [`replay`]: what the replay tests share (raw records, events, the `replay` command, audit).
 //! - [`testkit`] (`outboxd_testkit`) and [`outboxd`], re-exported for the tests.
@@ -30,6 +32,7 @@ mod relay;
 mod wait;
 
 pub mod certs;
+pub mod deploy;
 pub mod reliability;
 pub mod replay;
 

@@ -146,7 +146,10 @@ pub async fn run_with(outboxd_bin: &std::path::Path, opts: DemoOptions) -> Resul
     print_shipments(&ship_db, &ids).await?;
 
     // --- what went over the wire ---
-    println!("\nthe first records on {TOPIC} (outboxd-demo tail {TOPIC} --bootstrap {bootstrap}):");
+    println!(
+        "\nthe first records on {TOPIC} ({} tail {TOPIC} --bootstrap {bootstrap}):",
+        outboxd_bin.display()
+    );
     let tail_opts = TailOptions {
         max: Some(3),
         idle: Duration::from_secs(2),
@@ -189,13 +192,14 @@ pub async fn run_with(outboxd_bin: &std::path::Path, opts: DemoOptions) -> Resul
         println!(
             "\ndemo ok; kept running (demo pid {run_id}):\n  \
              Postgres:  psql '{dsn}'   (shipping: '{shipping_dsn}')\n  \
-             broker:    {bootstrap}   read it: target/debug/outboxd-demo tail {TOPIC} --bootstrap {bootstrap} --follow\n  \
+             broker:    {bootstrap}   read it: {bin} tail {TOPIC} --bootstrap {bootstrap} --follow\n  \
              outboxd:   pid {}, config {}, metrics http://{metrics}/metrics\n             \
-             target/debug/outboxd status --config {}\n\
+             {bin} status --config {}\n\
              to stop: kill {run_id}   (or Ctrl-C in the foreground)",
             relay.id(),
             config.display(),
             config.display(),
+            bin = outboxd_bin.display(),
         );
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {

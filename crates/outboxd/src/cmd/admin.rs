@@ -29,6 +29,9 @@ fn emit_sql(schema: &str, qualified: &str) -> String {
 /// with the default schema also the producer functions `outbox_uuid_v7()` and `outbox_emit()`.
 pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     let sql = source::sql_connect(cfg).await?;
+    // The shipped SQL says DROP … IF EXISTS before it creates: no NOTICE on a fresh install.
+    sql.batch_execute("SET client_min_messages = warning")
+        .await?;
     let mut done = Vec::new();
     let (schema, table) = cfg.table_name();
     let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));

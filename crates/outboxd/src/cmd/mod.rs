@@ -3,12 +3,15 @@
 pub(crate) mod admin;
 pub(crate) mod alerts;
 pub(crate) mod check_jobs;
+pub(crate) mod manual;
 pub(crate) mod parked;
 pub(crate) mod privileges;
+pub(crate) mod probe;
 pub(crate) mod recover;
 pub(crate) mod replay;
 pub(crate) mod shadow;
 pub(crate) mod status;
+pub mod tail;
 
 use crate::config::{Config, LogFormat};
 use anyhow::Context;
@@ -61,7 +64,7 @@ pub enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Delete delivered outbox rows older than cleanup.retention, in small batches (R34).
+    /// Delete delivered outbox rows older than cleanup.retention, in small batches.
     ///
     /// Never a row that may be undelivered (every slot's delivery mark in outboxd_slot_state)
     /// or inside source.recovery_window; on a partitioned outbox, drops whole partitions.
@@ -104,6 +107,19 @@ pub enum Cmd {
         #[command(subcommand)]
         cmd: crate::cmd::parked::ParkedCmd,
     },
+    /// Print a topic's records (partition, offset, key, headers, value); reads only, joins no
+    /// consumer group, commits nothing.
+    Tail(crate::cmd::tail::TailArgs),
+    /// Ask a running relay whether it serves or stands by ready to take over (exit 0) or not
+    /// (exit 1): for container and Kubernetes probes.
+    Probe(crate::cmd::probe::ProbeArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page, or write one per command into a directory.
+    Man(crate::cmd::manual::ManArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -138,6 +154,19 @@ pub fn main() -> ExitCode {
     let version: &'static str = Box::leak(long_version().into_boxed_str());
     let matches = Cli::command().long_version(version).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Commands that need no config and no runtime.
+    let cli = match cli.cmd {
+        Cmd::Tail(args) => return report(crate::cmd::tail::main(args).map(|_| ExitCode::SUCCESS)),
+        Cmd::Probe(args) => return crate::cmd::probe::main(&args),
+        Cmd::Completions { shell } => {
+            crate::cmd::manual::completions(shell);
+            return ExitCode::SUCCESS;
+        }
+        Cmd::Man(args) => {
+            return report(crate::cmd::manual::man(&args).map(|_| ExitCode::SUCCESS));
+        }
+        cmd => Cli { cmd },
+    };
     // One thread: the replication client's worker task and the pipeline hand every event over
     // without a thread switch (measured: half the CPU per event of a two-worker runtime, see
     // docs/benchmarks.md). librdkafka keeps its own threads.
@@ -145,7 +174,11 @@ pub fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match rt.block_on(dispatch(cli)) {
+    report(rt.block_on(dispatch(cli)))
+}
+
+fn report(r: anyhow::Result<ExitCode>) -> ExitCode {
+    match r {
         Ok(code) => code,
         Err(e) => {
             eprintln!("outboxd: error: {e:#}");
@@ -182,6 +215,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Cleanup { config, .. } => config.config.clone(),
         Cmd::Shadow { config, .. } => config.config.clone(),
         Cmd::Replay { config, .. } => config.config.clone(),
+        Cmd::Tail(_) | Cmd::Probe(_) | Cmd::Completions { .. } | Cmd::Man(_) => None,
     };
     let path = path.context("a config file is needed: --config FILE (or env OUTBOXD_CONFIG)")?;
     // Read errors name the file themselves; the others get it as context.
@@ -296,6 +330,9 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
                 println!("ok  {l}");
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Tail(_) | Cmd::Probe(_) | Cmd::Completions { .. } | Cmd::Man(_) => {
+            unreachable!("handled before the config is read")
         }
         Cmd::Check(_) => {
             let lines = crate::cmd::admin::check(&cfg).await;
