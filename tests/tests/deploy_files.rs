@@ -194,6 +194,17 @@ fn kubernetes_manifests_render_validate_and_form_pairs() -> Result<()> {
                 );
             }
             let sm = of_kind(&docs, "ServiceMonitor")[0];
+            // Alerts are per pair: the pair's pod label becomes the `database` the rules
+            // group by (the base config's [alerts] group_by).
+            let relabel = &sm["spec"]["endpoints"][0]["relabelings"][0];
+            assert_eq!(
+                (s(&relabel["sourceLabels"][0]), s(&relabel["targetLabel"])),
+                (
+                    "__meta_kubernetes_pod_label_outboxd_io_database",
+                    "database"
+                ),
+                "{overlay}: {sm}"
+            );
             let want = sm["spec"]["selector"]["matchLabels"].as_object().unwrap();
             for svc in of_kind(&docs, "Service") {
                 let labels = &svc["metadata"]["labels"];

@@ -18,6 +18,12 @@ pub struct AlertsConfig {
     pub slot_lag_bytes: u64,
     #[serde(default = "d_hb")]
     pub heartbeat_stale_seconds: u64,
+    /// Labels that tell relay pairs apart in one Prometheus (e.g. `database`, set by the
+    /// scrape config): every rule aggregates per value, so a pair without an active relay, a
+    /// halted pair or a lagging slot alerts on its own instead of being averaged away by the
+    /// healthy ones. Empty (default): one relay pair per Prometheus.
+    #[serde(default)]
+    pub group_by: Vec<String>,
 }
 
 impl Default for AlertsConfig {
@@ -26,6 +32,7 @@ impl Default for AlertsConfig {
             delivery_budget_seconds: BTreeMap::new(),
             slot_lag_bytes: d_lag(),
             heartbeat_stale_seconds: d_hb(),
+            group_by: Vec::new(),
         }
     }
 }
@@ -77,6 +84,41 @@ fn yaml_str(s: &str) -> String {
     format!("\"{escaped}\"")
 }
 
+/// `op`, or `op by (labels)` with the configured group labels first.
+fn agg(op: &str, group: &[String], extra: &[&str]) -> String {
+    let labels: Vec<&str> = group
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        .collect();
+    if labels.is_empty() {
+        op.to_string()
+    } else {
+        format!("{op} by ({})", labels.join(", "))
+    }
+}
+
+/// A Prometheus label name (what `group_by` may hold).
+fn label_name(s: &str) -> bool {
+    let mut c = s.chars();
+    c.next()
+        .is_some_and(|f| f.is_ascii_alphabetic() || f == '_')
+        && c.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !s.starts_with("__")
+}
+
+impl AlertsConfig {
+    /// Refuses a `group_by` entry that is not a label name (it would end up in every rule).
+    pub fn validate(&self) -> Result<(), String> {
+        match self.group_by.iter().find(|l| !label_name(l)) {
+            Some(l) => Err(format!(
+                "alerts.group_by: {l:?} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, not starting with __)"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 struct Rule {
     alert: &'static str,
     expr: String,
@@ -89,12 +131,14 @@ struct Rule {
 /// The rules file (YAML), for `rule_files:` in prometheus.yml.
 pub fn rules(cfg: &AlertsConfig) -> String {
     let mut rules = Vec::new();
+    let g = &cfg.group_by;
     let budgets = &cfg.delivery_budget_seconds;
     for (event_type, secs) in budgets.iter().filter(|(t, _)| *t != "default") {
         rules.push(Rule {
             alert: "OutboxdDeliveryBudgetExceeded",
             expr: format!(
-                "max by (event_type) ({}{{event_type=\"{}\"}}) > {secs}",
+                "{} ({}{{event_type=\"{}\"}}) > {secs}",
+                agg("max", g, &["event_type"]),
                 obs::OLDEST_PENDING_AGE,
                 promql_str(event_type)
             ),
@@ -118,7 +162,8 @@ pub fn rules(cfg: &AlertsConfig) -> String {
         rules.push(Rule {
             alert: "OutboxdDeliveryBudgetExceeded",
             expr: format!(
-                "max by (event_type) ({}{selector}) > {secs}",
+                "{} ({}{selector}) > {secs}",
+                agg("max", g, &["event_type"]),
                 obs::OLDEST_PENDING_AGE
             ),
             for_: "30s",
@@ -129,7 +174,12 @@ pub fn rules(cfg: &AlertsConfig) -> String {
     }
     rules.push(Rule {
         alert: "OutboxdSlotLagHigh",
-        expr: format!("max({}) > {}", obs::SLOT_LAG_BYTES, cfg.slot_lag_bytes),
+        expr: format!(
+            "{}({}) > {}",
+            agg("max", g, &[]),
+            obs::SLOT_LAG_BYTES,
+            cfg.slot_lag_bytes
+        ),
         for_: "5m",
         severity: "warning",
         labels: vec![],
@@ -140,7 +190,11 @@ pub fn rules(cfg: &AlertsConfig) -> String {
         alert: "OutboxdSlotLost",
         // Not `increase(losses[15m])`: a loss found at startup (a restore, a relay restarted
         // into a failover) makes the counter 1 before the first scrape, which is no increase.
-        expr: format!("time() - max({} > 0) < 900", obs::SLOT_LAST_LOSS),
+        expr: format!(
+            "time() - {}({} > 0) < 900",
+            agg("max", g, &[]),
+            obs::SLOT_LAST_LOSS
+        ),
         for_: "0s",
         severity: "page",
         labels: vec![],
@@ -151,7 +205,8 @@ pub fn rules(cfg: &AlertsConfig) -> String {
     rules.push(Rule {
         alert: "OutboxdBrokerAuthFailing",
         expr: format!(
-            "sum(increase({}{{class=~\"auth|tls\"}}[5m])) > 0",
+            "{}(increase({}{{class=~\"auth|tls\"}}[5m])) > 0",
+            agg("sum", g, &[]),
             obs::BROKER_ERRORS
         ),
         for_: "2m",
@@ -164,7 +219,8 @@ pub fn rules(cfg: &AlertsConfig) -> String {
     rules.push(Rule {
         alert: "OutboxdSlotWalEndangered",
         expr: format!(
-            "max({}{{status=~\"unreserved|lost\"}}) == 1",
+            "{}({}{{status=~\"unreserved|lost\"}}) == 1",
+            agg("max", g, &[]),
             obs::SLOT_WAL_STATUS
         ),
         for_: "0s",
@@ -178,7 +234,8 @@ pub fn rules(cfg: &AlertsConfig) -> String {
         // Only the active instance's age counts: a standby keeps the value its last session
         // left (possibly stale), which must not page while another instance streams fine.
         expr: format!(
-            "max({} and on (instance, job) ({} == 1)) > {}",
+            "{}({} and on (instance, job) ({} == 1)) > {}",
+            agg("max", g, &[]),
             obs::HEARTBEAT_AGE,
             obs::ROLE_ACTIVE,
             cfg.heartbeat_stale_seconds,
@@ -190,7 +247,7 @@ pub fn rules(cfg: &AlertsConfig) -> String {
     });
     rules.push(Rule {
         alert: "OutboxdHalted",
-        expr: format!("max({}) == 1", obs::HALTED),
+        expr: format!("{}({}) == 1", agg("max", g, &[]), obs::HALTED),
         for_: "0s",
         severity: "page",
         labels: vec![],
@@ -199,7 +256,8 @@ pub fn rules(cfg: &AlertsConfig) -> String {
     rules.push(Rule {
         alert: "OutboxdParkedEvents",
         expr: format!(
-            "sum by (event_type) ({}{{state=\"parked\"}}) > 0",
+            "{} ({}{{state=\"parked\"}}) > 0",
+            agg("sum", g, &["event_type"]),
             obs::PARKED
         ),
         for_: "0s",
@@ -209,7 +267,15 @@ pub fn rules(cfg: &AlertsConfig) -> String {
     });
     rules.push(Rule {
         alert: "OutboxdDown",
-        expr: format!("absent({}) or sum({}) < 1", obs::UP, obs::ROLE_ACTIVE),
+        // Per pair: instances that answer, none active. A pair whose every instance is gone
+        // has no series left to group: Prometheus's own `up == 0` for its targets says that
+        // (absent() only sees the last relay of all disappear).
+        expr: format!(
+            "absent({}) or {}({}) < 1",
+            obs::UP,
+            agg("sum", g, &[]),
+            obs::ROLE_ACTIVE
+        ),
         for_: "1m",
         severity: "page",
         labels: vec![],
@@ -254,6 +320,35 @@ mod tests {
             if word.starts_with("outboxd_") {
                 assert!(known.contains(&word), "rule uses unknown metric {word}");
             }
+        }
+    }
+
+    #[test]
+    fn group_by_aggregates_every_rule_per_pair() {
+        let cfg: AlertsConfig =
+            toml::from_str("group_by = [\"database\"]\n[delivery_budget_seconds]\ndefault = 300\n")
+                .unwrap();
+        cfg.validate().unwrap();
+        let y = rules(&cfg);
+        for expr in y.lines().filter(|l| l.trim_start().starts_with("expr:")) {
+            let aggregations = expr.matches("max").count() + expr.matches("sum").count();
+            let grouped = expr.matches("by (database").count();
+            assert_eq!(aggregations, grouped, "{expr}");
+        }
+        assert!(y.contains("max by (database, event_type) (outboxd_oldest_pending_age_seconds)"));
+        assert!(
+            y.contains("sum by (database)(outboxd_role_active) < 1"),
+            "{y}"
+        );
+        // Without it, the rules are what they were.
+        let plain = rules(&AlertsConfig::default());
+        assert!(plain.contains("absent(outboxd_up) or sum(outboxd_role_active) < 1"));
+        for bad in ["", "a-b", "__name", "1x", "a b"] {
+            let c = AlertsConfig {
+                group_by: vec![bad.into()],
+                ..AlertsConfig::default()
+            };
+            assert!(c.validate().is_err(), "{bad:?}");
         }
     }
 
