@@ -147,6 +147,11 @@ pub async fn run_once(
         dry_run,
         ..Report::default()
     };
+    // Deleting from the first listed table only would leave the others growing unnoticed.
+    if let Err(why) = cfg.one_table("cleanup") {
+        report.blocked = Some(why);
+        return Ok(report);
+    }
     let bound = bounds::bounds(sql, &c.ignore_slots).await?;
     let b = match bound {
         bounds::Bound::NoState => {

@@ -36,6 +36,9 @@ async fn replay(cfg: &Config) -> Vec<CheckLine> {
 
 async fn cleanup(cfg: &Config, retention: std::time::Duration) -> CheckLine {
     const WHAT: &str = "cleanup";
+    if let Err(why) = cfg.one_table("cleanup") {
+        return CheckLine::fail(WHAT, why);
+    }
     let sql = match crate::cleanup::connect(cfg, None).await {
         Ok(s) => s,
         Err(e) => {

@@ -188,6 +188,10 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
         cfg.source.password = None;
     }
     let cfg = &cfg;
+    // A selection is of one table's rows, and a stored replay does not record which table: a
+    // configuration listing several is refused rather than replay only the first.
+    cfg.one_table("outboxd replay")
+        .map_err(|m| ReplayError::Relay(crate::error::RelayError::Setup(m)))?;
     let s = &args.select;
     let parent_options = args.execute
         || !s.ids.is_empty()
