@@ -6,6 +6,7 @@
 //! Three tables in two shapes: `billing.outbox` and `shipping.outbox` (outboxd's), and
 //! `legacy.outbox` (Debezium's, read with the Debezium preset).
 
+use outboxd_tests::reliability::read_log;
 use outboxd_tests::*;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -348,12 +349,7 @@ async fn slot_loss_is_recovered_from_every_table() -> anyhow::Result<()> {
         )
         .await?
         .get(0);
-    assert_eq!(
-        recovered,
-        before + 1,
-        "{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    assert_eq!(recovered, before + 1, "{}", read_log(&log));
     // Per-table counts, one series per listed table: this process republished the gap, at
     // least the 10 events each table received while the slot was gone.
     let scrape = http_get(&maddr, "/metrics").1;
@@ -489,5 +485,56 @@ async fn cleanup_cleans_every_table_or_names_the_one_it_cannot() -> anyhow::Resu
             .get(0);
         assert_eq!(left, 5, "{t}");
     }
+    Ok(())
+}
+
+/// Two tables carry one event_id and both events are poison: a parked event is one per (slot,
+/// event_id), so the second would vanish into the first's row. The relay halts at it instead,
+/// naming both tables, and confirms nothing past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_event_id_among_parked_events_halts_instead_of_merging() -> anyhow::Result<()> {
+    let (mut env, _) = three_tables("multi_collide", "").await?;
+    env.kafka_toml = "\"message.max.bytes\" = \"20000\"".into();
+    let config = env.config_file()?;
+    let log = env.dir.path().join("relay.log");
+    let mut relay = RelayProcess::spawn(&config, log.clone())?;
+    // Past init's publication change (its gap recovered): what follows is the live stream.
+    env.caught_up(Duration::from_secs(30)).await?;
+    let c = env.sql().await?;
+    let id = Uuid::now_v7();
+    let big = serde_json::json!({"blob": "x".repeat(30_000)});
+    for table in ["billing.outbox", "shipping.outbox"] {
+        c.execute(
+            &format!(
+                "INSERT INTO {table} (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                 event_type, payload) VALUES ($1, 'acct', 'C', 1, 'Deposited', $2)"
+            ),
+            &[&id, &big],
+        )
+        .await?;
+    }
+    let lsn = env.current_lsn().await?;
+    eventually(Duration::from_secs(30), || async {
+        Ok(read_log(&log).contains("event_id_collision"))
+    })
+    .await?;
+    let text = read_log(&log);
+    assert!(
+        text.contains("two outbox tables carry the same event_id")
+            && text.contains("shipping.outbox")
+            && text.contains("billing.outbox"),
+        "{text}"
+    );
+    let parked: i64 = c
+        .query_one("SELECT count(*) FROM outbox_parked", &[])
+        .await?
+        .get(0);
+    assert_eq!(parked, 1);
+    let confirmed = env.confirmed_lsn().await?;
+    assert!(
+        confirmed < lsn,
+        "confirmed past the halt: {confirmed} >= {lsn}\n{text}"
+    );
+    assert!(relay.sigterm()?.success());
     Ok(())
 }

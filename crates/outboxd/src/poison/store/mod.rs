@@ -135,7 +135,7 @@ pub async fn park(
                 "event_id {} of {} is already parked for slot {slot:?} from {}: two outbox tables \
                  carry the same event_id, and a parked event is one per (slot, event_id). Make \
                  event_ids unique across the tables of one relay (UUIDs are), or relay the \
-                 tables with separate slots; nothing past this event was confirmed",
+                 tables with separate slots",
                 rec.event_id,
                 ours.as_deref().unwrap_or("the outbox table"),
                 stored.as_deref().unwrap_or("another table"),
