@@ -140,3 +140,107 @@ impl Outboxes {
         &self.tables[i]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::pgoutput::Column;
+
+    fn cfg(tables: &str) -> Config {
+        Config::from_toml_and_env(
+            &format!(
+                "[source]\ndsn = \"postgres://u@h/db\"\n[sink.kafka]\n\
+                 \"bootstrap.servers\" = \"b:9092\"\n{tables}"
+            ),
+            Vec::<(String, String)>::new(),
+        )
+        .unwrap()
+    }
+
+    fn relation(id: u32, namespace: &str, name: &str, columns: &[&str]) -> Relation {
+        Relation {
+            id,
+            namespace: namespace.into(),
+            name: name.into(),
+            columns: columns
+                .iter()
+                .map(|c| Column {
+                    name: c.to_string(),
+                    type_oid: if *c == "payload" { 3802 } else { 25 },
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+
+    const OUTBOXD: [&str; 5] = [
+        "event_id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+    ];
+    const DEBEZIUM: [&str; 5] = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+
+    #[test]
+    fn each_relation_maps_to_its_tables_mapping_and_others_are_ignored() {
+        let mut o = Outboxes::new(&cfg("[[source.tables]]\nname = \"a.outbox\"\n\
+             [[source.tables]]\nname = \"b.outbox\"\ncolumns = { preset = \"debezium\" }\n"))
+        .unwrap();
+        assert!(matches!(o.lookup(1), Lookup::Unknown));
+        o.on_relation(&relation(1, "a", "outbox", &OUTBOXD))
+            .unwrap();
+        o.on_relation(&relation(2, "b", "outbox", &DEBEZIUM))
+            .unwrap();
+        o.on_relation(&relation(3, "public", "outbox", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(1), Lookup::Outbox(0, _)));
+        assert!(matches!(o.lookup(2), Lookup::Outbox(1, _)));
+        assert!(matches!(o.lookup(3), Lookup::Other));
+        assert_eq!(
+            o.labels().iter().map(|l| &**l).collect::<Vec<_>>(),
+            ["a.outbox", "b.outbox"]
+        );
+        // A table's own mapping: Debezium's columns are not outboxd's.
+        assert!(o
+            .on_relation(&relation(4, "a", "outbox", &DEBEZIUM))
+            .is_err());
+        // A listed table renamed away stops being one.
+        o.on_relation(&relation(1, "a", "outbox_old", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(1), Lookup::Other));
+    }
+
+    #[test]
+    fn records_name_their_table_only_with_several_tables() {
+        let rec = || crate::poison::record::ParkedRecord {
+            event_id: "e".into(),
+            aggregate_type: None,
+            aggregate_id: None,
+            aggregate_version: None,
+            event_type: None,
+            topic: None,
+            key: None,
+            payload: None,
+            headers: vec![],
+            timestamp_ms: None,
+        };
+        let several = Outboxes::new(&cfg(
+            "[[source.tables]]\nname = \"a.outbox\"\n[[source.tables]]\nname = \"b\"\n",
+        ))
+        .unwrap();
+        let mut r = rec();
+        several.get(1).tag_record(&mut r);
+        assert_eq!(
+            r.headers,
+            [(
+                SOURCE_TABLE_HEADER.to_string(),
+                Some("public.b".to_string())
+            )]
+        );
+        let one = Outboxes::new(&cfg("")).unwrap();
+        let mut r = rec();
+        one.get(0).tag_record(&mut r);
+        assert!(r.headers.is_empty());
+    }
+}
