@@ -538,3 +538,55 @@ async fn a_shared_event_id_among_parked_events_halts_instead_of_merging() -> any
     assert!(relay.sigterm()?.success());
     Ok(())
 }
+
+/// `outboxd replay` under a multi-table configuration names its table (`--table`): the
+/// selection reads that table only, through its mapping and topic, its copies tagged like the
+/// relay's records, and the audit row records the table the replay runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_names_its_table_and_records_it() -> anyhow::Result<()> {
+    let (env, _) = three_tables("multi_replay", "").await?;
+    let mut c = env.sql().await?;
+    let written = write_rounds(&mut c, 1, 2).await?;
+    let relay = Relay::start(env.config()?);
+    delivered(&env, &written)?;
+    relay.shutdown().await?;
+    let cfg = env.config_file()?;
+    let id = written["shipping.outbox"][0].to_string();
+
+    let out = outboxd_tests::replay::replay(&cfg, &[&id], false);
+    assert!(out.contains("--table SCHEMA.TABLE"), "{out}");
+    let out = outboxd_tests::replay::replay(&cfg, &[&id, "--table", "nope.outbox"], false);
+    assert!(out.contains("not a listed outbox table"), "{out}");
+    let out = outboxd_tests::replay::replay(
+        &cfg,
+        &[
+            &id,
+            "--table",
+            "shipping.outbox",
+            "--execute",
+            "--reason",
+            "r",
+        ],
+        true,
+    );
+    assert!(out.contains("finished"), "{out}");
+    let recs = delivered(&env, &written)?; // every record, the copy too, names its table
+    let copies: Vec<&Record> = recs["shipping.outbox"]
+        .iter()
+        .filter(|r| r.header("event_id") == id)
+        .collect();
+    assert_eq!(copies.len(), 2, "the original and the copy");
+    assert_eq!(
+        copies[1].topic, "shipping.events",
+        "through its table's topic"
+    );
+    let sel: serde_json::Value = c
+        .query_one(
+            "SELECT selection FROM outboxd_replay ORDER BY id DESC LIMIT 1",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(sel["table"], "shipping.outbox", "{sel}");
+    Ok(())
+}

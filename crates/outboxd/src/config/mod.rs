@@ -50,6 +50,10 @@ pub struct Config {
     /// sets `OUTBOXD_PORT=tcp://…` for a Service named `outboxd`).
     #[serde(skip)]
     pub ignored_env: Vec<String>,
+    /// One table of a multi-table configuration ([`Config::for_table`]): its records still
+    /// carry the `source_table` header, like the relay's.
+    #[serde(skip)]
+    pub tagged_table: bool,
     #[serde(default)]
     pub sink: SinkConfig,
     #[serde(default)]
@@ -527,6 +531,35 @@ impl Config {
     /// only one table refuses the configuration ([`Config::one_table`]).
     pub fn is_multi_table(&self) -> bool {
         self.source.tables.len() > 1
+    }
+
+    /// Do records carry the `source_table` header? With several tables, and for one table of
+    /// such a configuration ([`Config::for_table`]).
+    pub fn tags_records(&self) -> bool {
+        self.is_multi_table() || self.tagged_table
+    }
+
+    /// The one-table configuration of listed table `name` (`schema.table`, or `table` in
+    /// `public`): for what reads one table at a time (replay). Its records carry the
+    /// `source_table` header when this configuration lists several tables. Err names the
+    /// listed tables when `name` is not one of them.
+    pub fn for_table(&self, name: &str) -> Result<Config, String> {
+        let (schema, table) = tables::split(name);
+        let all = self.tables();
+        let Some(t) = all.iter().find(|t| t.schema == schema && t.name == table) else {
+            let listed: Vec<String> = all.iter().map(|t| t.label()).collect();
+            return Err(format!(
+                "{schema}.{table} is not a listed outbox table (listed: {})",
+                listed.join(", ")
+            ));
+        };
+        let mut one = self.clone();
+        one.tagged_table = self.tags_records();
+        one.source.tables.clear();
+        one.source.table = Some(t.label());
+        one.source.columns = t.columns.clone();
+        one.sink.topic = t.topic.clone();
+        Ok(one)
     }
 
     /// For a capability that reads one outbox table: Err (the message names `what` and the

@@ -53,6 +53,8 @@ pub struct PoisonHandler {
     /// Per listed outbox table (configuration order): the live path's routing and checks,
     /// applied again to released events.
     routes: Vec<ReleaseRoute>,
+    /// Records carry the `source_table` header ([`Config::tags_records`]).
+    tagged: bool,
     topic_buf: String,
     validator: Option<Validator>,
     /// Outside the stream (replay): park nothing, hold nothing; every poison event is an error.
@@ -102,10 +104,11 @@ impl PoisonHandler {
                             crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
                             crate::relay::route::Preset::Outboxd => NullPayload::Park,
                         },
-                        provenance: Provenance::new(t, cfg.is_multi_table())?,
+                        provenance: Provenance::new(t, cfg.tags_records())?,
                     })
                 })
                 .collect::<Result<_, RelayError>>()?,
+            tagged: cfg.tags_records(),
             topic_buf: String::new(),
             validator: Validator::from_config(&cfg.validation),
             refuse_all,
@@ -160,7 +163,7 @@ impl PoisonHandler {
         let label = self.observed.labels.event_type(&event_type).into_owned();
         metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class.to_string())
             .increment(1);
-        if let (true, Some(i)) = (self.routes.len() > 1, self.route_of(&rec)) {
+        if let (true, Some(i)) = (self.tagged, self.route_of(&rec)) {
             let table = self.routes[i].label.clone();
             metrics::counter!(crate::obs::TABLE_POISON, "table" => table).increment(1);
         }
@@ -296,7 +299,7 @@ impl PoisonHandler {
         // Never as stored: through the live router and the schema checks (see route::release).
         // The table's header is the relay's, recomputed from the table that vouched, never
         // the stored copy's.
-        let tagged = self.routes.len() > 1;
+        let tagged = self.tagged;
         let route = &mut self.routes[route_ix];
         let mut stored = r.record.clone();
         stored.headers.retain(|(k, _)| k != SOURCE_TABLE_HEADER);

@@ -69,7 +69,7 @@ pub struct Outboxes {
 
 impl Outboxes {
     pub fn new(cfg: &Config) -> Result<Self, RelayError> {
-        let tagged = cfg.is_multi_table();
+        let tagged = cfg.tags_records();
         let tables = cfg
             .tables()
             .into_iter()

@@ -156,7 +156,7 @@ pub async fn extend(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayErro
             format!(
                 "publication {} extended with {label}; its rows written before now are NOT \
                  streamed (only inserts from now on are): if they must go out, republish them \
-                 with `outboxd replay` under a configuration listing only {label}",
+                 with `outboxd replay --table {label} --since … --until …`",
                 cfg.source.publication
             )
         } else {
