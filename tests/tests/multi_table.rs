@@ -278,6 +278,36 @@ async fn a_poison_event_in_one_table_does_not_hold_the_others() -> anyhow::Resul
         ]
     );
 
+    // `status` per table: billing holds the head and its follower, shipping the shared one.
+    let (code, out) = outboxd_cli(&["status", "--json"], &env.config_file()?);
+    assert_eq!(code, 0, "{out}");
+    let status: serde_json::Value = serde_json::from_str(&out)?;
+    let open: Vec<(String, i64)> = status["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["table"].as_str().unwrap().to_string(),
+                t["open_parked"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        open,
+        [
+            ("billing.outbox".into(), 2),
+            ("shipping.outbox".into(), 1),
+            ("legacy.outbox".into(), 0)
+        ],
+        "{status}"
+    );
+    let (_, human) = outboxd_cli(&["status"], &env.config_file()?);
+    assert!(
+        human.contains("billing.outbox: published yes, open parked 2"),
+        "{human}"
+    );
+
     // The retry goes out through billing's route and releases what waited, in order.
     let fixed = env.dir.path().join("fixed.json");
     std::fs::write(&fixed, r#"{"v": 1}"#)?;

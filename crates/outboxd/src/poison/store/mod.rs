@@ -268,6 +268,25 @@ pub async fn still_blocked(
         .get(0))
 }
 
+/// Open parked events per outbox table (the `source_table` header their records carry; `None`
+/// for records without one), for `status` with several tables.
+pub async fn open_per_table(
+    sql: &Client,
+    slot: &str,
+) -> Result<Vec<(Option<String>, i64)>, RelayError> {
+    let rows = sql
+        .query(
+            "SELECT (SELECT h->>1 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p.headers) = \
+                     'array' THEN p.headers ELSE '[]'::jsonb END) h WHERE h->>0 = $2 LIMIT 1), \
+                    count(*) \
+             FROM outbox_parked p WHERE p.slot = $1 AND p.state IN ('parked', 'blocked', 'retry') \
+             GROUP BY 1",
+            &[&slot, &SOURCE_TABLE_HEADER],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
 /// Open parked events: `(event_type, state, count, age of the oldest in seconds)`.
 pub type OpenStats = Vec<(String, String, i64, f64)>;
 
