@@ -203,6 +203,27 @@ max_backoff_ms = 1000
         .await
     }
 
+    /// Waits until the relay recorded a delivery mark, and a delivered_xid past every
+    /// transaction that started before the call (what cleanup may then delete).
+    pub async fn mark_recorded(&self) -> Result<()> {
+        let c = self.sql().await?;
+        let next: String = c
+            .query_one("SELECT pg_snapshot_xmax(pg_current_snapshot())::text", &[])
+            .await?
+            .get(0);
+        eventually(Duration::from_secs(30), || async {
+            let r = c
+                .query_opt(
+                    "SELECT delivery_mark IS NOT NULL AND delivered_xid >= $2::text::xid8 \
+                     FROM outboxd_slot_state WHERE slot_name = $1",
+                    &[&self.slot, &next],
+                )
+                .await?;
+            Ok(r.is_some_and(|r| r.get::<_, bool>(0)))
+        })
+        .await
+    }
+
     pub async fn current_lsn(&self) -> Result<u64> {
         let c = self.sql().await?;
         let row = c

@@ -36,27 +36,6 @@ async fn count(c: &tokio_postgres::Client, filter: &str) -> anyhow::Result<i64> 
     )
 }
 
-/// Waits until the relay recorded a delivery mark, and a delivered_xid past every transaction
-/// that started before the call.
-async fn mark_recorded(env: &Env) -> anyhow::Result<()> {
-    let c = env.sql().await?;
-    let next: String = c
-        .query_one("SELECT pg_snapshot_xmax(pg_current_snapshot())::text", &[])
-        .await?
-        .get(0);
-    eventually(Duration::from_secs(30), || async {
-        let r = c
-            .query_opt(
-                "SELECT delivery_mark IS NOT NULL AND delivered_xid >= $2::text::xid8 \
-                 FROM outboxd_slot_state WHERE slot_name = $1",
-                &[&env.slot, &next],
-            )
-            .await?;
-        Ok(r.is_some_and(|r| r.get::<_, bool>(0)))
-    })
-    .await
-}
-
 /// Writes the env's config with `[cleanup]` = `cleanup` and a recovery window of 1 h (rows of
 /// the tests are hours old); returns the file and its text.
 fn write_config(env: &mut Env, cleanup: &str) -> anyhow::Result<(std::path::PathBuf, String)> {
@@ -94,7 +73,7 @@ async fn cleanup_deletes_only_delivered_rows_outside_the_window_in_capped_batche
     let log = env.dir.path().join("relay.log");
     let mut relay = RelayProcess::spawn(&cfg, log.clone())?;
     env.caught_up(Duration::from_secs(60)).await?;
-    mark_recorded(&env).await?;
+    env.mark_recorded().await?;
 
     // A dry run changes nothing.
     let (code, out) = outboxd_cli(&["cleanup", "--dry-run"], &cfg);
@@ -126,7 +105,7 @@ async fn cleanup_deletes_only_delivered_rows_outside_the_window_in_capped_batche
     insert_aged(&c, "behind", 1, 20, "150 minutes").await?;
     insert_aged(&c, "ancient", 1, 30, "5 hours").await?;
     env.caught_up(Duration::from_secs(60)).await?;
-    mark_recorded(&env).await?;
+    env.mark_recorded().await?;
     assert!(relay.sigterm()?.success());
 
     // Delivered, and the relay has been down for 3 hours: its mark is 3 h old. Rows created
@@ -271,7 +250,7 @@ async fn a_partitioned_outbox_streams_across_partition_changes_and_drops_old_day
     insert_aged(&c, "tomorrow", 1, 5, "-1 day").await?; // a future partition
     let res = env.caught_up(Duration::from_secs(60)).await;
     assert!(res.is_ok(), "{}", read_log(&log));
-    mark_recorded(&env).await?;
+    env.mark_recorded().await?;
 
     let (code, out) = outboxd_cli(&["cleanup", "--dry-run"], &cfg);
     assert_eq!(code, 0, "{out}");
@@ -326,7 +305,7 @@ async fn cleanup_obeys_every_relays_state_and_unknown_slots() -> anyhow::Result<
     let log = env.dir.path().join("relay.log");
     let mut relay = RelayProcess::spawn(&cfg, log.clone())?;
     env.caught_up(Duration::from_secs(60)).await?;
-    mark_recorded(&env).await?;
+    env.mark_recorded().await?;
     assert!(relay.sigterm()?.success());
 
     // Another relay (relay_schema = relay_b) that delivered only what came before these rows.

@@ -25,6 +25,7 @@
 mod bounds;
 mod partitions;
 
+use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::source::{self, quote_ident};
@@ -182,112 +183,176 @@ pub async fn run_once(
         ));
     }
     report.cutoff = Some(cutoff);
-    let names = cfg.source.columns.resolve()?;
+    // Every listed table ages by its own created_at; one that cannot be cleaned stops the run
+    // before anything is deleted, naming the table (never some tables silently skipped).
+    let multi = cfg.is_multi_table();
+    let mut tables = Vec::new();
+    for t in cfg.tables() {
+        match aged(sql, &t).await? {
+            Ok(ts_col) => tables.push((t, ts_col)),
+            Err(why) => {
+                report.blocked = Some(if multi {
+                    format!("outbox table {}: {why}", t.label())
+                } else {
+                    why
+                });
+                report.cutoff = None;
+                return Ok(report);
+            }
+        }
+    }
+    let run = Run {
+        cfg,
+        sql,
+        cutoff,
+        bounds: &b,
+        dry_run,
+        stop,
+    };
+    for (t, ts_col) in &tables {
+        run.table(t, ts_col, multi, &mut report).await?;
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The `created_at` column `t` ages by, or why it cannot be cleaned (no such column; a
+/// partitioned table whose key is not it).
+async fn aged(sql: &Client, t: &OutboxTable) -> Result<Result<String, String>, RelayError> {
+    let names = t.columns.resolve()?;
     let Some(ts_col) = names.created_at else {
-        report.blocked = Some(
+        return Ok(Err(
             "the outbox mapping has no created_at column (source.columns.created_at): rows \
              cannot be aged"
                 .into(),
-        );
-        report.cutoff = None;
-        return Ok(report);
+        ));
     };
-    let (schema, table) = cfg.table_name();
-    let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
-    let ts = quote_ident(&ts_col);
+    if partitions::is_partitioned(sql, &t.schema, &t.name).await? {
+        if let Err(why) = partitions::check_key(sql, &t.schema, &t.name, &ts_col).await? {
+            return Ok(Err(why));
+        }
+    }
+    Ok(Ok(ts_col))
+}
 
-    if partitions::is_partitioned(sql, &schema, &table).await? {
-        if let Err(why) = partitions::check_key(sql, &schema, &table, &ts_col).await? {
-            report.blocked = Some(why);
-            report.cutoff = None;
-            return Ok(report);
+/// One run's settings, shared by its tables.
+struct Run<'a> {
+    cfg: &'a Config,
+    sql: &'a Client,
+    cutoff: DateTime<Utc>,
+    bounds: &'a bounds::Bounds,
+    dry_run: bool,
+    stop: Option<&'a watch::Receiver<bool>>,
+}
+
+impl Run<'_> {
+    /// Cleans one table (the cap, `cleanup.max_rows_per_run`, is the run's: `report.deleted`
+    /// counts every table's rows).
+    async fn table(
+        &self,
+        t: &OutboxTable,
+        ts_col: &str,
+        multi: bool,
+        report: &mut Report,
+    ) -> Result<(), RelayError> {
+        let (sql, cutoff, b, c) = (self.sql, self.cutoff, self.bounds, &self.cfg.cleanup);
+        if !self.dry_run && report.deleted >= c.max_rows_per_run {
+            report.capped = true; // a table the cap left for the next run
+            return Ok(());
         }
-        let part = partitions::Partitioned {
-            schema: &schema,
-            table: &table,
-            cutoff,
-            bounds: &b,
-        };
-        report.partitions = if dry_run {
-            part.droppable(sql)
-                .await?
-                .into_iter()
-                .map(|(s, n)| format!("{s}.{n}"))
-                .collect()
-        } else {
-            part.drop_before(sql, privilege).await?
-        };
-        report.seconds = started.elapsed().as_secs_f64();
-        return Ok(report);
-    }
-    if dry_run {
-        let n: i64 = sql
-            .query_one(
-                &format!(
-                    "SELECT count(*) FROM {qualified} AS o WHERE o.{ts} < $1 AND {}",
-                    b.delivered
-                ),
-                &[&cutoff],
-            )
-            .await
-            .map_err(privilege)?
-            .get(0);
-        report.eligible = Some(n);
-        return Ok(report);
-    }
-    // Cursor: the batches walk the index forward. No row lock beforehand (FOR UPDATE would
-    // need UPDATE, which the cleanup role must not have): a concurrent run's DELETE waits at
-    // most lock_timeout on the same rows and then skips them, already gone.
-    // Every batch re-checks that no recovery or replay started meanwhile (`idle`), and takes
-    // only rows older than every slot's delivered_xid, whatever their created_at says.
-    let delete = format!(
-        "DELETE FROM {qualified} WHERE ctid = ANY(ARRAY(\
-           SELECT o.ctid FROM {qualified} AS o WHERE o.{ts} >= $1 AND o.{ts} < $2 AND {} \
-             AND {} \
-           ORDER BY o.{ts} LIMIT $3)) \
-         RETURNING {ts}",
-        b.delivered, b.idle
-    );
-    // 0001-01-01: before any real row, and within Postgres's range (chrono's MIN is not).
-    let mut cursor = DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or_default();
-    while report.deleted < c.max_rows_per_run {
-        if stop.is_some_and(|s| *s.borrow()) {
-            break;
+        let (schema, table) = (&t.schema, &t.name);
+        let qualified = format!("{}.{}", quote_ident(schema), quote_ident(table));
+        let ts = quote_ident(ts_col);
+        if partitions::is_partitioned(sql, schema, table).await? {
+            let part = partitions::Partitioned {
+                schema,
+                table,
+                cutoff,
+                bounds: b,
+            };
+            let dropped = if self.dry_run {
+                part.droppable(sql)
+                    .await?
+                    .into_iter()
+                    .map(|(s, n)| format!("{s}.{n}"))
+                    .collect()
+            } else {
+                part.drop_before(sql, privilege).await?
+            };
+            report.partitions.extend(dropped);
+            return Ok(());
         }
-        let n = (c.max_rows_per_run - report.deleted).min(c.batch_size.max(1) as u64) as i64;
-        let rows = sql
-            .query(&delete, &[&cursor, &cutoff, &n])
-            .await
-            .map_err(privilege)?;
-        report.batches += 1;
-        report.deleted += rows.len() as u64;
-        if let Some(max) = rows.iter().map(|r| r.get::<_, DateTime<Utc>>(0)).max() {
-            cursor = cursor.max(max);
-        }
-        crate::fail::hit("cleanup_batch");
-        if (rows.len() as i64) < n {
-            break;
-        }
-        if report.deleted >= c.max_rows_per_run {
-            // Capped only if something is left (one index probe).
-            report.capped = sql
+        if self.dry_run {
+            let n: i64 = sql
                 .query_one(
                     &format!(
-                        "SELECT EXISTS (SELECT 1 FROM {qualified} AS o \
-                         WHERE o.{ts} >= $1 AND o.{ts} < $2 AND {})",
+                        "SELECT count(*) FROM {qualified} AS o WHERE o.{ts} < $1 AND {}",
                         b.delivered
                     ),
-                    &[&cursor, &cutoff],
+                    &[&cutoff],
                 )
                 .await
                 .map_err(privilege)?
                 .get(0);
-            break;
+            report.eligible = Some(report.eligible.unwrap_or(0) + n);
+            if multi {
+                tracing::info!(table = %t.label(), rows = n, "cleanup dry run");
+            }
+            return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(c.pause_ms)).await;
+        // Cursor: the batches walk the index forward. No row lock beforehand (FOR UPDATE would
+        // need UPDATE, which the cleanup role must not have): a concurrent run's DELETE waits at
+        // most lock_timeout on the same rows and then skips them, already gone.
+        // Every batch re-checks that no recovery or replay started meanwhile (`idle`), and takes
+        // only rows older than every slot's delivered_xid, whatever their created_at says.
+        let delete = format!(
+            "DELETE FROM {qualified} WHERE ctid = ANY(ARRAY(\
+               SELECT o.ctid FROM {qualified} AS o WHERE o.{ts} >= $1 AND o.{ts} < $2 AND {} \
+                 AND {} \
+               ORDER BY o.{ts} LIMIT $3)) \
+             RETURNING {ts}",
+            b.delivered, b.idle
+        );
+        // 0001-01-01: before any real row, and within Postgres's range (chrono's MIN is not).
+        let mut cursor = DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or_default();
+        while report.deleted < c.max_rows_per_run {
+            if self.stop.is_some_and(|s| *s.borrow()) {
+                break;
+            }
+            let n = (c.max_rows_per_run - report.deleted).min(c.batch_size.max(1) as u64) as i64;
+            let rows = sql
+                .query(&delete, &[&cursor, &cutoff, &n])
+                .await
+                .map_err(privilege)?;
+            report.batches += 1;
+            report.deleted += rows.len() as u64;
+            if let Some(max) = rows.iter().map(|r| r.get::<_, DateTime<Utc>>(0)).max() {
+                cursor = cursor.max(max);
+            }
+            crate::fail::hit("cleanup_batch");
+            if (rows.len() as i64) < n {
+                break;
+            }
+            if report.deleted >= c.max_rows_per_run {
+                // Capped only if something is left (one index probe).
+                report.capped = sql
+                    .query_one(
+                        &format!(
+                            "SELECT EXISTS (SELECT 1 FROM {qualified} AS o \
+                             WHERE o.{ts} >= $1 AND o.{ts} < $2 AND {})",
+                            b.delivered
+                        ),
+                        &[&cursor, &cutoff],
+                    )
+                    .await
+                    .map_err(privilege)?
+                    .get(0);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(c.pause_ms)).await;
+        }
+        Ok(())
     }
-    report.seconds = started.elapsed().as_secs_f64();
-    Ok(report)
 }
 
 /// `cleanup.every`: the loop inside `outboxd run`. Failures are logged and retried at the next

@@ -1,6 +1,7 @@
 //! `outboxd init` (create what is missing, idempotently) and `outboxd check` (report every
 //! problem with its fix, exit non-zero on any).
 
+use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::kafka::Producer;
@@ -33,108 +34,12 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     sql.batch_execute("SET client_min_messages = warning")
         .await?;
     let mut done = Vec::new();
-    let (schema, table) = cfg.table_name();
-    let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
-    // Idempotent without privileges it does not need: what exists is not created again (a
-    // CREATE … IF NOT EXISTS still demands CREATE on the schema), so a least-privilege role can
-    // run `init` once an administrator has created everything.
-    let table_exists: bool = sql
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
-        .await?
-        .get(0);
-    let pub_exists: bool = sql
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
-            &[&cfg.source.publication],
-        )
-        .await?
-        .get(0);
-    if cfg.source.columns.preset == Preset::Outboxd && table_exists && pub_exists {
-        done.push(format!(
-            "table {schema}.{table} and publication {} present",
-            cfg.source.publication
-        ));
-    } else if cfg.source.columns.preset == Preset::Outboxd {
-        let ddl = OUTBOX_SQL
-            .replace("public.outbox", &qualified)
-            .replace(
-                "outbox_created_at_idx",
-                &quote_ident(&format!("{table}_created_at_idx")),
-            )
-            .replace("'outbox_pub'", &format!("'{}'", cfg.source.publication))
-            .replace(
-                "PUBLICATION outbox_pub",
-                &format!("PUBLICATION {}", quote_ident(&cfg.source.publication)),
-            );
-        sql.batch_execute(&ddl).await?;
-        done.push(format!(
-            "table {schema}.{table} and publication {} present",
-            cfg.source.publication
-        ));
+    for t in cfg.tables() {
+        init_table(cfg, &sql, &t, &mut done).await?;
     }
-    if cfg.source.columns.preset == Preset::Outboxd {
-        // Only when missing, like everything else (CREATE OR REPLACE needs ownership).
-        let present: i64 = sql
-            .query_one(
-                "SELECT count(DISTINCT p.proname) FROM pg_proc p \
-                 JOIN pg_namespace n ON n.oid = p.pronamespace \
-                 WHERE n.nspname = $1 AND p.proname IN ('outbox_emit', 'outbox_uuid_v7')",
-                &[&schema],
-            )
-            .await?
-            .get(0);
-        let installed = if present < 2 {
-            match sql.batch_execute(&emit_sql(&schema, &qualified)).await {
-                Ok(()) => true,
-                // Optional for the relay: a least-privilege role still gets through `init`.
-                Err(e)
-                    if e.code()
-                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
-                {
-                    false
-                }
-                Err(e) => return Err(e.into()),
-            }
-        } else {
-            true
-        };
-        done.push(if installed {
-            format!("functions {schema}.outbox_uuid_v7() and {schema}.outbox_emit() present")
-        } else {
-            format!(
-                "functions {schema}.outbox_uuid_v7() and {schema}.outbox_emit() NOT installed \
-                 (no CREATE on schema {schema}): an administrator can install \
-                 sql/010_outbox_emit.sql (optional, for producers writing through SQL)"
-            )
-        });
-    } else {
-        let exists: bool = sql
-            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
-            .await?
-            .get(0);
-        if !exists {
-            return Err(RelayError::Setup(format!(
-                "table {schema}.{table} does not exist; with preset {:?} outboxd reads your \
-                 existing table and does not create it",
-                cfg.source.columns.preset
-            )));
-        }
-        let has_pub: bool = sql
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
-                &[&cfg.source.publication],
-            )
-            .await?
-            .get(0);
-        if !has_pub {
-            sql.batch_execute(&format!(
-                "CREATE PUBLICATION {} FOR TABLE {qualified} WITH (publish = 'insert')",
-                quote_ident(&cfg.source.publication)
-            ))
-            .await?;
-        }
-        done.push(format!("publication {} present", cfg.source.publication));
-    }
+    // Several tables (or a publication an administrator made for another): the publication
+    // is extended to cover every listed table.
+    done.extend(crate::slot::publication::extend(cfg, &sql).await?);
     done.push(crate::slot::publication::install_guard(&sql).await?);
     // outboxd's own tables go to source.relay_schema (the connection's search_path).
     let schema_exists: bool = sql
@@ -218,6 +123,119 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     Ok(done)
 }
 
+/// `init` for one listed table: the table (outboxd preset) or a check that it exists, the
+/// publication when missing, the producer functions next to it.
+async fn init_table(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    t: &OutboxTable,
+    done: &mut Vec<String>,
+) -> Result<(), RelayError> {
+    let (schema, table) = t.pair();
+    let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+    // Idempotent without privileges it does not need: what exists is not created again (a
+    // CREATE … IF NOT EXISTS still demands CREATE on the schema), so a least-privilege role can
+    // run `init` once an administrator has created everything.
+    let table_exists: bool = sql
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+        .await?
+        .get(0);
+    let pub_exists: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            &[&cfg.source.publication],
+        )
+        .await?
+        .get(0);
+    if t.columns.preset == Preset::Outboxd && table_exists && pub_exists {
+        done.push(format!(
+            "table {schema}.{table} and publication {} present",
+            cfg.source.publication
+        ));
+    } else if t.columns.preset == Preset::Outboxd {
+        let ddl = OUTBOX_SQL
+            .replace("public.outbox", &qualified)
+            .replace(
+                "outbox_created_at_idx",
+                &quote_ident(&format!("{table}_created_at_idx")),
+            )
+            .replace("'outbox_pub'", &format!("'{}'", cfg.source.publication))
+            .replace(
+                "PUBLICATION outbox_pub",
+                &format!("PUBLICATION {}", quote_ident(&cfg.source.publication)),
+            );
+        sql.batch_execute(&ddl).await?;
+        done.push(format!(
+            "table {schema}.{table} and publication {} present",
+            cfg.source.publication
+        ));
+    }
+    if t.columns.preset == Preset::Outboxd {
+        // Only when missing, like everything else (CREATE OR REPLACE needs ownership).
+        let present: i64 = sql
+            .query_one(
+                "SELECT count(DISTINCT p.proname) FROM pg_proc p \
+                 JOIN pg_namespace n ON n.oid = p.pronamespace \
+                 WHERE n.nspname = $1 AND p.proname IN ('outbox_emit', 'outbox_uuid_v7')",
+                &[&schema],
+            )
+            .await?
+            .get(0);
+        let installed = if present < 2 {
+            match sql.batch_execute(&emit_sql(&schema, &qualified)).await {
+                Ok(()) => true,
+                // Optional for the relay: a least-privilege role still gets through `init`.
+                Err(e)
+                    if e.code()
+                        == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) =>
+                {
+                    false
+                }
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            true
+        };
+        done.push(if installed {
+            format!("functions {schema}.outbox_uuid_v7() and {schema}.outbox_emit() present")
+        } else {
+            format!(
+                "functions {schema}.outbox_uuid_v7() and {schema}.outbox_emit() NOT installed \
+                 (no CREATE on schema {schema}): an administrator can install \
+                 sql/010_outbox_emit.sql (optional, for producers writing through SQL)"
+            )
+        });
+    } else {
+        let exists: bool = sql
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified])
+            .await?
+            .get(0);
+        if !exists {
+            return Err(RelayError::Setup(format!(
+                "table {schema}.{table} does not exist; with preset {:?} outboxd reads your \
+                 existing table and does not create it",
+                t.columns.preset
+            )));
+        }
+        let has_pub: bool = sql
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+                &[&cfg.source.publication],
+            )
+            .await?
+            .get(0);
+        if !has_pub {
+            sql.batch_execute(&format!(
+                "CREATE PUBLICATION {} FOR TABLE {qualified} WITH (publish = 'insert')",
+                quote_ident(&cfg.source.publication)
+            ))
+            .await?;
+        }
+        done.push(format!("publication {} present", cfg.source.publication));
+    }
+    Ok(())
+}
+
 /// One line of `outboxd check` output.
 #[derive(Debug)]
 pub struct CheckLine {
@@ -293,9 +311,10 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
                 }
                 Err(e) => out.push(line(false, "source setup", e.to_string())),
             }
-            if let Some(l) = columns(cfg, &sql).await {
-                out.push(l);
+            for t in cfg.tables() {
+                out.extend(columns(cfg, &t, &sql).await);
             }
+            out.extend(coverage(cfg, &sql).await);
             out.push(failover(cfg, &sql).await);
             out.push(match crate::slot::publication::guarded(&sql).await {
                 Ok(true) => CheckLine::ok(
@@ -315,7 +334,9 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
     let listed = match broker(cfg) {
         Ok(topics) => {
             out.push(line(true, "broker", "metadata fetched"));
-            out.push(topics_line(cfg, &topics));
+            for t in cfg.tables() {
+                out.push(topics_line(cfg, &t, &topics));
+            }
             Some(topics)
         }
         Err(e) => {
@@ -408,10 +429,53 @@ async fn failover(cfg: &Config, sql: &tokio_postgres::Client) -> CheckLine {
     )
 }
 
-/// Required columns of the configured mapping (`additional` ones included) that the table lacks.
-async fn columns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine> {
-    let names = cfg.source.columns.resolve().ok()?;
-    let (schema, table) = cfg.table_name();
+/// The publication against the listed tables: a listed table it lacks fails (the relay
+/// refuses to start), a published table that is not listed warns (decoded for nothing).
+async fn coverage(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine> {
+    const WHAT: &str = "publication tables";
+    let cov = match crate::slot::publication::coverage(cfg, sql).await {
+        Ok(c) => c?, // no publication: preflight reported it
+        Err(e) => return Some(CheckLine::fail(WHAT, e.to_string())),
+    };
+    let p = &cfg.source.publication;
+    Some(if !cov.missing.is_empty() {
+        CheckLine::fail(
+            WHAT,
+            format!(
+                "publication {p} does not include listed table(s) {}: their rows are not \
+                 streamed and the relay refuses to start; run `outboxd init --config FILE` \
+                 (ALTER PUBLICATION {p} ADD TABLE …)",
+                cov.missing.join(", ")
+            ),
+        )
+    } else if !cov.unlisted.is_empty() {
+        CheckLine::warn(
+            WHAT,
+            format!(
+                "publication {p} also includes {}, not listed in source.table(s): the walsender \
+                 decodes their changes and the relay ignores them; list them ([[source.tables]]) \
+                 or ALTER PUBLICATION {p} DROP TABLE them",
+                cov.unlisted.join(", ")
+            ),
+        )
+    } else {
+        let n = cfg.tables().len();
+        CheckLine::ok(
+            WHAT,
+            format!("publication {p} covers the {n} listed table(s)"),
+        )
+    })
+}
+
+/// Required columns of the table's mapping (`additional` ones included) that it lacks.
+async fn columns(cfg: &Config, t: &OutboxTable, sql: &tokio_postgres::Client) -> Option<CheckLine> {
+    let names = t.columns.resolve().ok()?;
+    let (schema, table) = t.pair();
+    let what = if cfg.is_multi_table() {
+        format!("columns of {schema}.{table}")
+    } else {
+        "columns".to_string()
+    };
     let rows = sql
         .query(
             "SELECT column_name::text FROM information_schema.columns \
@@ -438,11 +502,11 @@ async fn columns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine
     .map(String::as_str)
     .collect();
     Some(if missing.is_empty() {
-        line(true, "columns", "all required columns present")
+        line(true, &what, "all required columns present")
     } else {
         line(
             false,
-            "columns",
+            &what,
             format!(
                 "{schema}.{table} lacks {missing:?}: set source.columns.* (or preset) to your names"
             ),
@@ -452,10 +516,15 @@ async fn columns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine
 
 /// outboxd creates no topics: a missing one is created by the broker on first use with its
 /// defaults (if `auto.create.topics.enable`), often one partition — or refused.
-fn topics_line(cfg: &Config, topics: &[String]) -> CheckLine {
-    const WHAT: &str = "topics";
-    let Ok(t) = crate::relay::route::TopicTemplate::parse(&cfg.sink.topic) else {
-        return line(false, WHAT, "sink.topic is not a valid template");
+fn topics_line(cfg: &Config, table: &OutboxTable, topics: &[String]) -> CheckLine {
+    let what = if cfg.is_multi_table() {
+        format!("topics of {}", table.label())
+    } else {
+        "topics".to_string()
+    };
+    let what = what.as_str();
+    let Ok(t) = crate::relay::route::TopicTemplate::parse(&table.topic) else {
+        return line(false, what, "the topic template is not valid");
     };
     let (prefix, templated) = t.prefix();
     let found = topics
@@ -472,16 +541,16 @@ fn topics_line(cfg: &Config, topics: &[String]) -> CheckLine {
                   with its defaults (num.partitions, often 1) if auto.create.topics.enable, or \
                   refuses the events; create them with the partitions you need (docs, \"Topics\")";
     match (templated, found) {
-        (false, 0) => CheckLine::warn(WHAT, format!("topic {prefix} does not exist; {advice}")),
+        (false, 0) => CheckLine::warn(what, format!("topic {prefix} does not exist; {advice}")),
         (true, 0) => CheckLine::warn(
-            WHAT,
+            what,
             format!(
                 "no topic named {prefix}… exists yet ({}); {advice}",
-                cfg.sink.topic
+                table.topic
             ),
         ),
-        (false, _) => line(true, WHAT, format!("{prefix} exists")),
-        (true, n) => line(true, WHAT, format!("{n} topic(s) named {prefix}… exist")),
+        (false, _) => line(true, what, format!("{prefix} exists")),
+        (true, n) => line(true, what, format!("{n} topic(s) named {prefix}… exist")),
     }
 }
 

@@ -45,23 +45,34 @@ async fn cleanup(cfg: &Config, retention: std::time::Duration) -> CheckLine {
             )
         }
     };
-    let (schema, table) = cfg.table_name();
-    let outbox = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
     let state = format!(
         "{}.outboxd_slot_state",
         quote_ident(&cfg.source.relay_schema)
     );
     // Cleanup reads every relay's state and replays (crate::cleanup): at least this relay's.
     let replay = format!("{}.outboxd_replay", quote_ident(&cfg.source.relay_schema));
-    let row = sql
-        .query_one(
-            "SELECT current_user::text, \
-                    has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'DELETE'), \
-                    (to_regclass($2) IS NULL OR has_table_privilege($2, 'SELECT')) \
-                    AND (to_regclass($3) IS NULL OR has_table_privilege($3, 'SELECT'))",
-            &[&outbox, &state, &replay],
-        )
-        .await;
+    // Every listed table: the first one the role cannot clean is the line's.
+    let mut checked = None;
+    for t in cfg.tables() {
+        let outbox = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
+        let row = sql
+            .query_one(
+                "SELECT current_user::text, \
+                        has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'DELETE'), \
+                        (to_regclass($2) IS NULL OR has_table_privilege($2, 'SELECT')) \
+                        AND (to_regclass($3) IS NULL OR has_table_privilege($3, 'SELECT'))",
+                &[&outbox, &state, &replay],
+            )
+            .await;
+        let done = !matches!(&row, Ok(r) if r.get::<_, bool>(1) && r.get::<_, bool>(2));
+        checked = Some((row, outbox));
+        if done {
+            break;
+        }
+    }
+    let Some((row, outbox)) = checked else {
+        return CheckLine::fail(WHAT, "no outbox table configured");
+    };
     let where_ = match cfg.cleanup.every {
         Some(every) => format!(
             "inside `outboxd run` every {}",

@@ -53,13 +53,14 @@ async fn lines(cfg: &Config, sql: &Client) -> Result<Vec<CheckLine>, tokio_postg
     if !(replication || superuser) {
         missing.push(format!("ALTER ROLE {role_q} WITH REPLICATION;"));
     }
-    let (schema, table) = cfg.table_name();
-    let outbox = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
-    if !can(sql, &outbox, "SELECT").await? {
-        missing.push(format!(
-            "GRANT USAGE ON SCHEMA {} TO {role_q}; GRANT SELECT ON {outbox} TO {role_q};",
-            quote_ident(&schema)
-        ));
+    for t in cfg.tables() {
+        let outbox = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
+        if !can(sql, &outbox, "SELECT").await? {
+            missing.push(format!(
+                "GRANT USAGE ON SCHEMA {} TO {role_q}; GRANT SELECT ON {outbox} TO {role_q};",
+                quote_ident(&t.schema)
+            ));
+        }
     }
     let rs = quote_ident(&cfg.source.relay_schema);
     for (t, privs) in RELAY_TABLES {
@@ -176,21 +177,24 @@ async fn lines(cfg: &Config, sql: &Client) -> Result<Vec<CheckLine>, tokio_postg
             ),
         ));
     }
-    let owns: bool = sql
-        .query_one(
-            "SELECT coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = to_regclass($1)), false)",
-            &[&outbox],
-        )
-        .await?
-        .get(0);
-    if owns && !superuser {
-        out.push(CheckLine::warn(
-            "privileges",
-            format!(
-                "role {role} owns the business table {outbox}: the relay only reads it; let an \
-                 administrative role own it (sql/roles.sql)"
-            ),
-        ));
+    for t in cfg.tables() {
+        let outbox = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
+        let owns: bool = sql
+            .query_one(
+                "SELECT coalesce((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = to_regclass($1)), false)",
+                &[&outbox],
+            )
+            .await?
+            .get(0);
+        if owns && !superuser {
+            out.push(CheckLine::warn(
+                "privileges",
+                format!(
+                    "role {role} owns the business table {outbox}: the relay only reads it; let \
+                     an administrative role own it (sql/roles.sql)"
+                ),
+            ));
+        }
     }
     Ok(out)
 }

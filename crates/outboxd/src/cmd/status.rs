@@ -71,9 +71,51 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
         (None, json!([]))
     };
     let delivery = delivery_state(cfg, &sql).await?;
-    Ok(
-        json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "delivery_state": delivery}),
-    )
+    let mut doc = json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "delivery_state": delivery});
+    if cfg.is_multi_table() {
+        doc["tables"] = tables(cfg, &sql, has_tables).await?;
+    }
+    Ok(doc)
+}
+
+/// With several outbox tables: each listed table, whether the publication includes it, and
+/// its open parked events (the parked ones of no listed table under `null`).
+async fn tables(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    has_tables: bool,
+) -> Result<Value, RelayError> {
+    let cov = crate::slot::publication::coverage(cfg, sql).await?;
+    let parked = match has_tables {
+        true => crate::poison::store::open_per_table(sql, &cfg.source.slot).await?,
+        false => Vec::new(),
+    };
+    let count = |label: Option<&str>| -> i64 {
+        parked
+            .iter()
+            .filter(|(t, _)| t.as_deref() == label)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let mut out: Vec<Value> = cfg
+        .tables()
+        .iter()
+        .map(|t| {
+            let label = t.label();
+            let published = cov.as_ref().map(|c| !c.missing.contains(&label));
+            json!({"table": label, "published": published, "open_parked": count(Some(&label))})
+        })
+        .collect();
+    let listed: Vec<String> = cfg.tables().iter().map(|t| t.label()).collect();
+    let other: i64 = parked
+        .iter()
+        .filter(|(t, _)| t.as_ref().is_none_or(|t| !listed.contains(t)))
+        .map(|(_, n)| n)
+        .sum();
+    if other > 0 {
+        out.push(json!({"table": null, "published": null, "open_parked": other}));
+    }
+    Ok(Value::Array(out))
 }
 
 /// The relay's durable memory of the stream, and what the slot guard would decide now.
@@ -199,6 +241,26 @@ pub fn render(v: &Value) -> String {
         "  next attempt in s",
         g("/reported/next_attempt_in_seconds"),
     );
+    for t in v
+        .get("tables")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        row(
+            "table",
+            format!(
+                "{}: published {}, open parked {}",
+                t["table"].as_str().unwrap_or("(no listed table)"),
+                match t["published"].as_bool() {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "-",
+                },
+                t["open_parked"]
+            ),
+        );
+    }
     match v.get("parked").and_then(Value::as_array) {
         Some(p) if !p.is_empty() => {
             for e in p {

@@ -17,6 +17,7 @@ const KEYS: &[(&str, &str)] = &[
     ("source", "publication"),
     ("source", "slot"),
     ("source", "table"),
+    ("source", "tables"),
     ("source", "create_slot"),
     ("source", "status_interval_ms"),
     ("source", "sslmode"),
@@ -114,6 +115,13 @@ fn literal() -> impl Strategy<Value = String> {
         1 => any::<bool>().prop_map(|b| b.to_string()),
         1 => proptest::collection::vec(".{0,4}", 0..4).prop_map(|v| format!("{v:?}")),
         1 => Just("{ a = 1, b = \"x\" }".to_string()),
+        1 => prop_oneof![
+            Just("[{ name = \"a.outbox\" }, { name = \"b.outbox\", topic = \"b.{event_type}\" }]"),
+            Just("[{ name = \"a.outbox\", columns = { preset = \"debezium\" } }, { name = \"a.outbox\" }]"),
+            Just("[{ name = \"x\", nope = 1 }]"),
+            Just("[]"),
+        ]
+        .prop_map(str::to_string),
         1 => Just("1979-05-27T07:32:00Z".to_string()),
     ]
 }

@@ -8,6 +8,7 @@ pub(crate) mod cleanup;
 pub(crate) mod replay;
 pub(crate) mod secrets;
 pub(crate) mod shadow;
+pub(crate) mod tables;
 mod validate;
 
 use serde::{Deserialize, Deserializer};
@@ -49,6 +50,10 @@ pub struct Config {
     /// sets `OUTBOXD_PORT=tcp://…` for a Service named `outboxd`).
     #[serde(skip)]
     pub ignored_env: Vec<String>,
+    /// One table of a multi-table configuration ([`Config::for_table`]): its records still
+    /// carry the `source_table` header, like the relay's.
+    #[serde(skip)]
+    pub tagged_table: bool,
     #[serde(default)]
     pub sink: SinkConfig,
     #[serde(default)]
@@ -134,9 +139,14 @@ pub struct SourceConfig {
     pub publication: String,
     #[serde(default = "d_slot")]
     pub slot: String,
-    /// Schema-qualified outbox table (`public.outbox`).
-    #[serde(default = "d_table")]
-    pub table: String,
+    /// Schema-qualified outbox table (`public.outbox` when neither this nor `tables` is set):
+    /// the one-table shorthand of `tables`.
+    #[serde(default)]
+    pub table: Option<String>,
+    /// Several outbox tables through this slot and publication (`[[source.tables]]`), each
+    /// with its own column mapping and topic template (see [`tables`]).
+    #[serde(default)]
+    pub tables: Vec<tables::TableEntry>,
     /// Schema of outboxd's own tables (`outbox_parked`, `outbox_parked_audit`,
     /// `outboxd_status`, `outboxd_slot_state`). The relay's SQL connections search only it
     /// (after `pg_catalog`), so no other schema on a `search_path` can shadow them.
@@ -299,9 +309,6 @@ fn d_publication() -> String {
 fn d_slot() -> String {
     "outboxd".into()
 }
-fn d_table() -> String {
-    "public.outbox".into()
-}
 fn d_relay_schema() -> String {
     "public".into()
 }
@@ -455,15 +462,113 @@ impl Config {
             ConfigError::Invalid(m) => invalid(cfg.redactor.scrub(&m)),
             other => other,
         })?;
+        cfg.fold_single_table();
         Ok(cfg)
     }
 
-    /// (schema, table) of the outbox table.
+    /// (schema, table) of the outbox table of a one-table configuration (`source.table`).
+    /// Callers that read the outbox check [`Config::one_table`] first: with several tables
+    /// this is only the first, and reading only it would skip the others.
     pub fn table_name(&self) -> (String, String) {
-        match self.source.table.split_once('.') {
-            Some((s, t)) => (s.to_string(), t.to_string()),
-            None => ("public".to_string(), self.source.table.clone()),
+        match self.source.tables.first() {
+            Some(t) => tables::split(&t.name),
+            None => tables::split(
+                self.source
+                    .table
+                    .as_deref()
+                    .unwrap_or(tables::DEFAULT_TABLE),
+            ),
         }
+    }
+
+    /// One `[[source.tables]]` entry is the shorthand written longhand: folded into
+    /// `source.table`, `[source.columns]` and `[sink] topic`, so every one-table path reads it
+    /// exactly as it reads the shorthand.
+    fn fold_single_table(&mut self) {
+        if self.source.tables.len() != 1 {
+            return;
+        }
+        let t = self.source.tables.remove(0);
+        self.source.table = Some(t.name);
+        if let Some(c) = t.columns {
+            self.source.columns = c;
+        }
+        if let Some(topic) = t.topic {
+            self.sink.topic = topic;
+        }
+    }
+
+    /// Every outbox table this relay reads, overrides applied, in configuration order.
+    pub fn tables(&self) -> Vec<tables::OutboxTable> {
+        if self.source.tables.is_empty() {
+            let (schema, name) = self.table_name();
+            return vec![tables::OutboxTable {
+                schema,
+                name,
+                columns: self.source.columns.clone(),
+                topic: self.sink.topic.clone(),
+            }];
+        }
+        self.source
+            .tables
+            .iter()
+            .map(|t| {
+                let (schema, name) = tables::split(&t.name);
+                tables::OutboxTable {
+                    schema,
+                    name,
+                    columns: t
+                        .columns
+                        .clone()
+                        .unwrap_or_else(|| self.source.columns.clone()),
+                    topic: t.topic.clone().unwrap_or_else(|| self.sink.topic.clone()),
+                }
+            })
+            .collect()
+    }
+
+    /// More than one outbox table: records carry the `source_table` header, and what reads
+    /// only one table refuses the configuration ([`Config::one_table`]).
+    pub fn is_multi_table(&self) -> bool {
+        self.source.tables.len() > 1
+    }
+
+    /// Do records carry the `source_table` header? With several tables, and for one table of
+    /// such a configuration ([`Config::for_table`]).
+    pub fn tags_records(&self) -> bool {
+        self.is_multi_table() || self.tagged_table
+    }
+
+    /// The one-table configuration of listed table `name` (`schema.table`, or `table` in
+    /// `public`): for what reads one table at a time (replay). Its records carry the
+    /// `source_table` header when this configuration lists several tables. Err names the
+    /// listed tables when `name` is not one of them.
+    pub fn for_table(&self, name: &str) -> Result<Config, String> {
+        let (schema, table) = tables::split(name);
+        let all = self.tables();
+        let Some(t) = all.iter().find(|t| t.schema == schema && t.name == table) else {
+            let listed: Vec<String> = all.iter().map(|t| t.label()).collect();
+            return Err(format!(
+                "{schema}.{table} is not a listed outbox table (listed: {})",
+                listed.join(", ")
+            ));
+        };
+        let mut one = self.clone();
+        one.tagged_table = self.tags_records();
+        one.source.tables.clear();
+        one.source.table = Some(t.label());
+        one.source.columns = t.columns.clone();
+        one.sink.topic = t.topic.clone();
+        Ok(one)
+    }
+
+    /// For a capability that reads one outbox table: Err (the message names `what` and the
+    /// tables) when this configuration lists several, rather than read only the first.
+    pub fn one_table(&self, what: &str) -> Result<(), String> {
+        if self.is_multi_table() {
+            return Err(tables::not_with_several(what, &self.tables()));
+        }
+        Ok(())
     }
 
     pub fn shutdown_timeout(&self) -> Duration {
@@ -506,6 +611,11 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bo
             sub_table(table, "kafka")?,
             rest["kafka_".len()..].replace('_', "."),
         )
+    } else if section == "source" && (rest == "tables" || rest.starts_with("tables_")) {
+        return Err(invalid(format!(
+            "OUTBOXD_{key}: source.tables (a list of tables) cannot be set from the environment; \
+             list them in the config file ([[source.tables]])"
+        )));
     } else if section == "source" && rest.starts_with("columns_") {
         (
             sub_table(table, "columns")?,
@@ -726,6 +836,97 @@ dsn = "postgres://u@127.0.0.1:5432/app"
         assert!(e(BASE, &[("OUTBOXD_RELAY_MAX_IN_FLIGHT_EVENTS", "lots")]).contains("invalid"));
         let no_broker = "[source]\ndsn = \"postgres://u@h/db\"\n";
         assert!(e(no_broker, &[]).contains("bootstrap.servers"));
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+    use crate::relay::route::Preset;
+
+    const BASE: &str = "[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n\
+                        [source]\ndsn = \"postgres://u@h/db\"\n";
+
+    fn load(extra: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_and_env(&format!("{BASE}{extra}"), Vec::<(String, String)>::new())
+    }
+
+    const THREE: &str = r#"
+[source.columns]
+created_at = "created_at"
+[[source.tables]]
+name = "billing.outbox"
+[[source.tables]]
+name = "shipping.outbox"
+topic = "shipping.{event_type}"
+[[source.tables]]
+name = "legacy"
+columns = { preset = "debezium" }
+"#;
+
+    #[test]
+    fn tables_take_their_overrides_or_the_shared_settings() {
+        let c = load(THREE).unwrap();
+        assert!(c.is_multi_table());
+        let t = c.tables();
+        assert_eq!(
+            t.iter().map(|t| t.label()).collect::<Vec<_>>(),
+            ["billing.outbox", "shipping.outbox", "public.legacy"]
+        );
+        assert_eq!(t[0].topic, "outbox.event.{aggregate_type}");
+        assert_eq!(t[0].columns.created_at.as_deref(), Some("created_at"));
+        assert_eq!(t[1].topic, "shipping.{event_type}");
+        assert_eq!(t[2].columns.preset, Preset::Debezium);
+        let e = c.one_table("replay").unwrap_err();
+        assert!(e.contains("replay") && e.contains("public.legacy"), "{e}");
+    }
+
+    #[test]
+    fn the_shorthand_is_one_table() {
+        let c = load("table = \"app.events\"\n").unwrap();
+        assert!(!c.is_multi_table());
+        assert_eq!(c.tables().len(), 1);
+        assert_eq!(c.tables()[0].label(), "app.events");
+        c.one_table("replay").unwrap();
+        // One entry written longhand reads exactly like the shorthand.
+        let c = load(
+            "[[source.tables]]\nname = \"app.events\"\ntopic = \"t\"\n\
+             columns = { preset = \"debezium\" }\n",
+        )
+        .unwrap();
+        assert!(!c.is_multi_table());
+        assert_eq!(c.table_name(), ("app".into(), "events".into()));
+        assert_eq!(c.sink.topic, "t");
+        assert_eq!(c.source.columns.preset, Preset::Debezium);
+    }
+
+    #[test]
+    fn bad_table_lists_are_refused_with_the_reason() {
+        let e = |t: &str| load(t).unwrap_err().to_string();
+        let both = format!("table = \"a.outbox\"\n{THREE}");
+        assert!(e(&both).contains("both set"), "{}", e(&both));
+        let twice = "[[source.tables]]\nname = \"a.o\"\n[[source.tables]]\nname = \"a.o\"\n";
+        assert!(e(twice).contains("listed twice"), "{}", e(twice));
+        let bad = "[[source.tables]]\nname = \"a.b.c\"\n";
+        assert!(e(bad).contains("source.tables[0].name"), "{}", e(bad));
+        let topic =
+            "[[source.tables]]\nname = \"a\"\n[[source.tables]]\nname = \"b\"\ntopic = \"{x}\"\n";
+        assert!(
+            e(topic).contains("source.tables[1] (b): topic"),
+            "{}",
+            e(topic)
+        );
+        let cols = "[[source.tables]]\nname = \"a\"\ncolumns = { event_id = \"\" }\n";
+        assert!(e(cols).contains("source.tables[0] (a)"), "{}", e(cols));
+        let unknown = "[[source.tables]]\nname = \"a\"\ntopics = \"x\"\n";
+        assert!(e(unknown).contains("topics"), "{}", e(unknown));
+        let env = Config::from_toml_and_env(
+            BASE,
+            vec![("OUTBOXD_SOURCE_TABLES".to_string(), "a,b".to_string())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(env.contains("config file"), "{env}");
     }
 }
 

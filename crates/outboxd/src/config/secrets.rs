@@ -222,6 +222,7 @@ impl std::fmt::Debug for SourceConfig {
             .field("publication", &self.publication)
             .field("slot", &self.slot)
             .field("table", &self.table)
+            .field("tables", &self.tables)
             .field("create_slot", &self.create_slot)
             .field("status_interval_ms", &self.status_interval_ms)
             .field("columns", &self.columns)

@@ -9,8 +9,67 @@ use std::time::Duration;
 const MAX_INTERVAL_MS: u64 = 366 * 86_400 * 1000;
 /// Longest `relay.read_linger_ms`: the pause blocks the relay's thread (shutdown, metrics).
 const MAX_READ_LINGER_MS: u64 = 100;
+/// Most `[[source.tables]]` entries: each is a value of the `table` metric label, which must
+/// stay bounded.
+const MAX_TABLES: usize = 256;
+
+/// `key = name`: `table` or `schema.table`, plain identifiers (spliced into DDL and queries).
+fn table_name(key: &str, name: &str) -> Result<(), ConfigError> {
+    if name.split('.').count() > 2 || !name.split('.').all(plain_ident) {
+        return Err(invalid(format!(
+            "{key} = {name:?}: use `table` or `schema.table`, each a plain SQL identifier \
+             ([A-Za-z_][A-Za-z0-9_$]*, at most 63 bytes); names are used exactly as written \
+             (case-sensitive, as if double-quoted)"
+        )));
+    }
+    Ok(())
+}
 
 impl Config {
+    /// `[[source.tables]]`: not with `source.table`, at least one, each name valid and listed
+    /// once, each override valid.
+    fn validate_tables(&self) -> Result<(), ConfigError> {
+        let s = &self.source;
+        if s.tables.is_empty() {
+            return Ok(());
+        }
+        if let Some(t) = &s.table {
+            return Err(invalid(format!(
+                "source.table = {t:?} and [[source.tables]] are both set: `source.table` is the \
+                 one-table shorthand of `source.tables`; list {t:?} as a [[source.tables]] entry \
+                 and remove source.table"
+            )));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, t) in s.tables.iter().enumerate() {
+            let key = format!("source.tables[{i}].name");
+            table_name(&key, &t.name)?;
+            if !seen.insert(super::tables::split(&t.name)) {
+                return Err(invalid(format!(
+                    "{key} = {:?}: the table is listed twice; list each outbox table once",
+                    t.name
+                )));
+            }
+            if let Some(c) = &t.columns {
+                c.resolve()
+                    .map_err(|e| invalid(format!("source.tables[{i}] ({}): {}", t.name, e.0)))?;
+            }
+            if let Some(topic) = &t.topic {
+                crate::relay::route::TopicTemplate::parse(topic).map_err(|e| {
+                    invalid(format!("source.tables[{i}] ({}): topic: {}", t.name, e.0))
+                })?;
+            }
+        }
+        if s.tables.len() > MAX_TABLES {
+            return Err(invalid(format!(
+                "source.tables lists {} tables; at most {MAX_TABLES} go through one relay (each \
+                 is a metric label value): split them across relays",
+                s.tables.len()
+            )));
+        }
+        Ok(())
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.source;
         let dsn = tokio_postgres::Config::from_str(&s.dsn)
@@ -39,14 +98,10 @@ impl Config {
         }
         // The names are spliced into DDL, queries and the connection's search_path (a name
         // cannot be a bind parameter): only plain identifiers, quoted wherever they are used.
-        if s.table.split('.').count() > 2 || !s.table.split('.').all(plain_ident) {
-            return Err(invalid(format!(
-                "source.table = {:?}: use `table` or `schema.table`, each a plain SQL identifier \
-                 ([A-Za-z_][A-Za-z0-9_$]*, at most 63 bytes); names are used exactly as written \
-                 (case-sensitive, as if double-quoted)",
-                s.table
-            )));
+        if let Some(table) = &s.table {
+            table_name("source.table", table)?;
         }
+        self.validate_tables()?;
         if !plain_ident(&s.relay_schema) {
             return Err(invalid(format!(
                 "source.relay_schema = {:?}: use a plain SQL identifier ([A-Za-z_][A-Za-z0-9_$]*, \

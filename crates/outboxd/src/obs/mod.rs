@@ -27,6 +27,8 @@ pub const PENDING_EVENTS: &str = "outboxd_pending_events";
 pub const PENDING_BYTES: &str = "outboxd_pending_bytes";
 pub const OLDEST_PENDING_AGE: &str = "outboxd_oldest_pending_age_seconds";
 pub const PUBLISHED: &str = "outboxd_events_published_total";
+pub const TABLE_PUBLISHED: &str = "outboxd_table_events_published_total";
+pub const TABLE_POISON: &str = "outboxd_table_poison_events_total";
 pub const PUBLISH_ERRORS: &str = "outboxd_publish_errors_total";
 pub const PRODUCE_RETRIES: &str = "outboxd_produce_retries_total";
 pub const SESSION_RESTARTS: &str = "outboxd_session_restarts_total";
@@ -68,6 +70,14 @@ pub const METRICS: &[(&str, &str)] = &[
         "events republished from the outbox table by recoveries",
     ),
     (UP, "1 while the process runs"),
+    (
+        TABLE_PUBLISHED,
+        "acknowledged events per outbox table (only with several [[source.tables]])",
+    ),
+    (
+        TABLE_POISON,
+        "parked (poison) events per outbox table (only with several [[source.tables]])",
+    ),
     (
         ROLE_ACTIVE,
         "1 when this instance holds the slot and streams, 0 when standing by",

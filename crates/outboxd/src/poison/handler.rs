@@ -2,6 +2,7 @@
 //! events of a blocked aggregate behind it, and release repaired ones one at a time, in order.
 //! All SQL is in [`crate::poison::store`]; the session's SQL connection is lent per call.
 
+use crate::config::tables::SOURCE_TABLE_HEADER;
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
@@ -26,6 +27,21 @@ struct Releasing {
     published: metrics::Counter,
 }
 
+/// What a released event of one outbox table goes through: that table's router and check.
+struct ReleaseRoute {
+    /// `schema.table`, what its records carry in the `source_table` header (several tables).
+    label: String,
+    /// The live path's topic template.
+    topic: TopicTemplate,
+    /// The column mapping: released events carry header `id`, the placed columns' headers and
+    /// NULL aggregate ids or event types like live ones.
+    names: crate::relay::route::ColumnNames,
+    /// What a NULL payload becomes unless the policy says: the preset's choice.
+    null_default: NullPayload,
+    /// A release goes out only when the outbox row (or an operator's audit row) vouches for it.
+    provenance: Provenance,
+}
+
 /// See the module docs. One per session.
 pub struct PoisonHandler {
     slot: String,
@@ -34,19 +50,15 @@ pub struct PoisonHandler {
     blocked: Blocked,
     releasing: Option<Releasing>,
     observed: Arc<Observed>,
-    /// The live path's topic template and schema checks, applied again to released events.
-    topic: TopicTemplate,
+    /// Per listed outbox table (configuration order): the live path's routing and checks,
+    /// applied again to released events.
+    routes: Vec<ReleaseRoute>,
+    /// Records carry the `source_table` header ([`Config::tags_records`]).
+    tagged: bool,
     topic_buf: String,
     validator: Option<Validator>,
-    /// The column mapping: released events carry header `id`, the placed columns' headers and
-    /// NULL aggregate ids or event types like live ones.
-    names: crate::relay::route::ColumnNames,
-    /// What a NULL payload becomes unless the policy says: the preset's choice.
-    null_default: NullPayload,
     /// Outside the stream (replay): park nothing, hold nothing; every poison event is an error.
     refuse_all: bool,
-    /// A release goes out only when the outbox row (or an operator's audit row) vouches for it.
-    provenance: Provenance,
 }
 
 impl PoisonHandler {
@@ -80,22 +92,48 @@ impl PoisonHandler {
             blocked,
             releasing: None,
             observed,
-            topic: TopicTemplate::parse(&cfg.sink.topic)?,
+            routes: cfg
+                .tables()
+                .iter()
+                .map(|t| {
+                    Ok(ReleaseRoute {
+                        label: t.label(),
+                        topic: TopicTemplate::parse(&t.topic)?,
+                        names: t.columns.resolve()?,
+                        null_default: match t.columns.preset {
+                            crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
+                            crate::relay::route::Preset::Outboxd => NullPayload::Park,
+                        },
+                        provenance: Provenance::new(t, cfg.tags_records())?,
+                    })
+                })
+                .collect::<Result<_, RelayError>>()?,
+            tagged: cfg.tags_records(),
             topic_buf: String::new(),
             validator: Validator::from_config(&cfg.validation),
-            names: cfg.source.columns.resolve()?,
-            null_default: match cfg.source.columns.preset {
-                crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
-                crate::relay::route::Preset::Outboxd => NullPayload::Park,
-            },
             refuse_all,
-            provenance: Provenance::new(cfg)?,
         })
     }
 
-    /// Is a NULL payload of this type poison (`park`) rather than a tombstone?
-    pub fn parks_null_payload(&self, event_type: &str) -> bool {
-        self.policy.null_payload(event_type, self.null_default) == NullPayload::Park
+    /// Is a NULL payload of this type, from the listed table at index `table`, poison
+    /// (`park`) rather than a tombstone?
+    pub fn parks_null_payload(&self, event_type: &str, table: usize) -> bool {
+        self.policy
+            .null_payload(event_type, self.routes[table].null_default)
+            == NullPayload::Park
+    }
+
+    /// The listed table a parked event came from: the only one, or the one its
+    /// `source_table` header names. A forged header only picks the table whose row must then
+    /// vouch for the copy ([`Provenance`]), so it cannot route a record another table's way
+    /// unless that table holds exactly that event.
+    fn route_of(&self, rec: &parking::ParkedRecord) -> Option<usize> {
+        if self.routes.len() == 1 {
+            return Some(0);
+        }
+        let (_, label) = rec.headers.iter().find(|(k, _)| k == SOURCE_TABLE_HEADER)?;
+        let label = label.as_deref()?;
+        self.routes.iter().position(|r| r.label == label)
     }
 
     /// The parked event this event must wait behind, when its type orders by aggregate and the
@@ -125,6 +163,10 @@ impl PoisonHandler {
         let label = self.observed.labels.event_type(&event_type).into_owned();
         metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class.to_string())
             .increment(1);
+        if let (true, Some(i)) = (self.tagged, self.route_of(&rec)) {
+            let table = self.routes[i].label.clone();
+            metrics::counter!(crate::obs::TABLE_POISON, "table" => table).increment(1);
+        }
         self.observed.errors.record(class, &label);
         if pol.on_poison == OnPoison::Halt || self.refuse_all {
             return Err(RelayError::Halted {
@@ -219,8 +261,17 @@ impl PoisonHandler {
         let Some(r) = parking::next_release(sql, &self.slot).await? else {
             return Ok(());
         };
+        let Some(route_ix) = self.route_of(&r.record) else {
+            let message = "the parked copy names no listed outbox table (source_table header \
+                           missing or not in source.tables), so nothing says which table's row \
+                           vouches for it or how to route it: check it with `outboxd parked \
+                           show`, then `discard` it (or republish it with a one-table relay)";
+            parking::mark_failed(sql, r.id, "unknown_table", message).await?;
+            tracing::error!(event_id = %r.record.event_id, "parked event not released: {message}");
+            return Ok(());
+        };
         // Never what nobody vouches for (see poison::provenance).
-        let refused = match self.provenance.check(sql, &r).await? {
+        let refused = match self.routes[route_ix].provenance.check(sql, &r).await? {
             Found::Vouched => None,
             Found::Unverified => Some((
                 "unverified",
@@ -246,7 +297,21 @@ impl PoisonHandler {
             return Ok(());
         }
         // Never as stored: through the live router and the schema checks (see route::release).
-        let rebuilt = release::rebuild(&r.record, &self.topic, &self.names, &mut self.topic_buf);
+        // The table's header is the relay's, recomputed from the table that vouched, never
+        // the stored copy's.
+        let tagged = self.tagged;
+        let route = &mut self.routes[route_ix];
+        let mut stored = r.record.clone();
+        stored.headers.retain(|(k, _)| k != SOURCE_TABLE_HEADER);
+        let rebuilt = release::rebuild(&stored, &route.topic, &route.names, &mut self.topic_buf)
+            .map(|(mut record, v)| {
+                if tagged {
+                    record
+                        .headers
+                        .push((SOURCE_TABLE_HEADER.into(), Some(route.label.clone())));
+                }
+                (record, v)
+            });
         let record = match rebuilt {
             Err(e) => Err((e.class(), e.to_string())),
             Ok((record, schema_version)) => {

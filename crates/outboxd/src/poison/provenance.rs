@@ -16,7 +16,7 @@
 //! A mismatch (`tampered`) is never published; the copy stays parked with the field named.
 
 use super::store::Release;
-use crate::config::Config;
+use crate::config::tables::{OutboxTable, SOURCE_TABLE_HEADER};
 use crate::error::RelayError;
 use crate::relay::route::{is_reserved_header, ColumnNames};
 use crate::relay::source::quote_ident;
@@ -38,15 +38,24 @@ pub enum Found {
 pub struct Provenance {
     names: ColumnNames,
     table: String,
+    /// With several tables: the `source_table` header the copy must carry (this table's
+    /// `schema.table`); it is the relay's, not the row's, so not compared with the row's headers.
+    tag: Option<String>,
     query: Option<String>,
 }
 
 impl Provenance {
-    pub fn new(cfg: &Config) -> Result<Self, RelayError> {
-        let (schema, table) = cfg.table_name();
+    /// The check against `table`, the outbox table the parked event came from; `tagged`: the
+    /// relay lists several tables (its records carry the `source_table` header).
+    pub fn new(table: &OutboxTable, tagged: bool) -> Result<Self, RelayError> {
         Ok(Self {
-            names: cfg.source.columns.resolve()?,
-            table: format!("{}.{}", quote_ident(&schema), quote_ident(&table)),
+            tag: tagged.then(|| table.label()),
+            names: table.columns.resolve()?,
+            table: format!(
+                "{}.{}",
+                quote_ident(&table.schema),
+                quote_ident(&table.name)
+            ),
             query: None,
         })
     }
@@ -119,13 +128,19 @@ impl Provenance {
             });
         };
         let cols: Vec<Option<String>> = (0..row.len()).map(|i| row.get(i)).collect();
-        Ok(compare(&self.names, r, &cols))
+        Ok(compare(&self.names, self.tag.as_deref(), r, &cols))
     }
 }
 
 /// The comparison itself (`cols` as [`Provenance::columns`] orders them).
-fn compare(names: &ColumnNames, r: &Release, cols: &[Option<String>]) -> Found {
+fn compare(names: &ColumnNames, tag: Option<&str>, r: &Release, cols: &[Option<String>]) -> Found {
     let rec = &r.record;
+    if let Some(tag) = tag {
+        let stored = rec.headers.iter().find(|(k, _)| k == SOURCE_TABLE_HEADER);
+        if stored.and_then(|(_, v)| v.as_deref()) != Some(tag) {
+            return Found::Differs(SOURCE_TABLE_HEADER);
+        }
+    }
     let identity = [
         ("aggregate_type", &rec.aggregate_type, &cols[0]),
         ("aggregate_id", &rec.aggregate_id, &cols[1]),
@@ -165,7 +180,11 @@ fn compare(names: &ColumnNames, r: &Release, cols: &[Option<String>]) -> Found {
     // The row's own headers as the live path sends them (strings as they are, other JSON
     // values as JSON text, nulls left out), against the copy's.
     let placed = |k: &str| names.additional.iter().any(|p| &*p.header == k);
-    let taken = |k: &str| is_reserved_header(k) || names.id_header && k.eq_ignore_ascii_case("id");
+    let taken = |k: &str| {
+        is_reserved_header(k)
+            || names.id_header && k.eq_ignore_ascii_case("id")
+            || tag.is_some() && k == SOURCE_TABLE_HEADER
+    };
     let mut stored: Vec<(String, String)> = rec
         .headers
         .iter()
@@ -246,7 +265,7 @@ mod tests {
     fn a_blocked_copy_must_match_its_row_in_every_field_the_record_carries() {
         let names = Columns::default().resolve().unwrap();
         assert_eq!(
-            compare(&names, &release(false, false), &row()),
+            compare(&names, None, &release(false, false), &row()),
             Found::Vouched
         );
         for (i, field, bad) in [
@@ -259,7 +278,7 @@ mod tests {
             let mut r = row();
             r[i] = Some(bad.to_string());
             assert_eq!(
-                compare(&names, &release(false, false), &r),
+                compare(&names, None, &release(false, false), &r),
                 Found::Differs(field)
             );
         }
@@ -272,14 +291,17 @@ mod tests {
         r[5] = Some("{}".into());
         r[6] = None;
         // A corrected payload is the audit row's; the headers are what the operator saw.
-        assert_eq!(compare(&names, &release(true, true), &r), Found::Vouched);
         assert_eq!(
-            compare(&names, &release(true, false), &r),
+            compare(&names, None, &release(true, true), &r),
+            Found::Vouched
+        );
+        assert_eq!(
+            compare(&names, None, &release(true, false), &r),
             Found::Differs("payload")
         );
         r[2] = Some("Withdrawn".into());
         assert_eq!(
-            compare(&names, &release(true, true), &r),
+            compare(&names, None, &release(true, true), &r),
             Found::Differs("event_type")
         );
     }

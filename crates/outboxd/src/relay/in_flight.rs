@@ -24,11 +24,15 @@ pub struct InFlight {
     /// Bytes of events since the oldest unacknowledged one (approximate, for backpressure).
     bytes: usize,
     sizes: VecDeque<(Seq, usize)>,
-    /// Label index (into `labels`) of each event from the oldest unacknowledged one on.
-    meta: VecDeque<u32>,
+    /// Label index (into `labels`) and listed table (index into `tables`) of each event from
+    /// the oldest unacknowledged one on.
+    meta: VecDeque<(u32, u16)>,
     meta_base: Seq,
     labels: Vec<Label>,
     label_idx: HashMap<String, HashMap<String, u32>>,
+    /// With several outbox tables: each listed table's published-events counter
+    /// (`outboxd_table_events_published_total{table}`); empty with one.
+    tables: Vec<Counter>,
     commit_to_ack: Histogram,
 }
 
@@ -43,8 +47,19 @@ impl InFlight {
             meta_base: 0,
             labels: Vec::new(),
             label_idx: HashMap::new(),
+            tables: Vec::new(),
             commit_to_ack: metrics::histogram!(obs::COMMIT_TO_ACK),
         }
+    }
+
+    /// Counts acknowledged events per listed table too, under these `schema.table` labels
+    /// (configuration order: the index [`InFlight::add`] takes). Bounded: the tables are the
+    /// configuration's.
+    pub fn count_tables(&mut self, tables: &[std::sync::Arc<str>]) {
+        self.tables = tables
+            .iter()
+            .map(|t| metrics::counter!(obs::TABLE_PUBLISHED, "table" => t.to_string()))
+            .collect();
     }
 
     /// The open transaction's commit time (unix ms), if one is open.
@@ -86,6 +101,7 @@ impl InFlight {
     /// them), goes to the producer.
     pub fn add(
         &mut self,
+        table: usize,
         event_type: &str,
         topic: &str,
         size: usize,
@@ -93,7 +109,7 @@ impl InFlight {
     ) -> Result<Seq, ProtocolError> {
         let seq = self.tracker.add_event()?;
         let label = self.label(event_type, topic, labels);
-        self.meta.push_back(label);
+        self.meta.push_back((label, table as u16));
         self.bytes += size;
         self.sizes.push_back((seq, size));
         Ok(seq)
@@ -104,6 +120,9 @@ impl InFlight {
         self.tracker.ack(seq, true);
         if let Some(l) = self.label_of(seq) {
             l.published.increment(1);
+        }
+        if let Some(t) = self.table_of(seq).and_then(|t| self.tables.get(t)) {
+            t.increment(1);
         }
         self.release();
     }
@@ -144,7 +163,7 @@ impl InFlight {
     /// Commit time (unix µs) of the oldest unacknowledged event, per event type.
     pub fn oldest_pending(&self) -> HashMap<String, i64> {
         let mut oldest = HashMap::new();
-        for (i, &label) in self.meta.iter().enumerate() {
+        for (i, &(label, _)) in self.meta.iter().enumerate() {
             let seq = self.meta_base + i as u64;
             if !self.tracker.is_pending(seq) {
                 continue;
@@ -164,8 +183,14 @@ impl InFlight {
 
     fn label_of(&self, seq: Seq) -> Option<&Label> {
         let i = seq.checked_sub(self.meta_base)?;
-        let &l = self.meta.get(i as usize)?;
+        let &(l, _) = self.meta.get(i as usize)?;
         self.labels.get(l as usize)
+    }
+
+    /// The listed table (index) an in-flight event came from.
+    fn table_of(&self, seq: Seq) -> Option<usize> {
+        let i = seq.checked_sub(self.meta_base)?;
+        self.meta.get(i as usize).map(|&(_, t)| t as usize)
     }
 
     /// Interned `(event_type, topic)` label of the published-events counter. Only label
@@ -221,8 +246,8 @@ mod tests {
     fn bytes_and_labels_follow_the_acknowledged_prefix() {
         let mut f = InFlight::new(10);
         f.begin_at(1).unwrap();
-        let a = f.add("Paid", "t", 100, &Labels::default()).unwrap();
-        let b = f.add("Shipped", "t", 50, &Labels::default()).unwrap();
+        let a = f.add(0, "Paid", "t", 100, &Labels::default()).unwrap();
+        let b = f.add(0, "Shipped", "t", 50, &Labels::default()).unwrap();
         f.commit(20).unwrap();
         assert_eq!((f.events(), f.bytes()), (2, 150));
         assert_eq!(f.oldest_pending().len(), 2);
@@ -238,7 +263,7 @@ mod tests {
     fn a_failed_event_names_its_type_and_stops_the_confirm() {
         let mut f = InFlight::new(10);
         f.begin_at(1).unwrap();
-        let a = f.add("Paid", "t", 1, &Labels::default()).unwrap();
+        let a = f.add(0, "Paid", "t", 1, &Labels::default()).unwrap();
         f.commit(20).unwrap();
         assert_eq!(f.failed(a), Some("Paid"));
         assert_eq!(f.confirmed(), 10);
@@ -250,7 +275,7 @@ mod tests {
         // Insert before Begin (a broken or hostile server): nothing is tracked.
         assert_eq!(f.check_open(), Err(ProtocolError::InsertWithoutBegin));
         assert_eq!(
-            f.add("Paid", "t", 1, &Labels::default()),
+            f.add(0, "Paid", "t", 1, &Labels::default()),
             Err(ProtocolError::InsertWithoutBegin)
         );
         assert_eq!((f.events(), f.bytes()), (0, 0));
@@ -266,7 +291,7 @@ mod tests {
     fn hostile_commit_times_do_not_overflow() {
         let mut f = InFlight::new(0);
         f.begin_at(i64::MIN).unwrap();
-        let a = f.add("Paid", "t", 1, &Labels::default()).unwrap();
+        let a = f.add(0, "Paid", "t", 1, &Labels::default()).unwrap();
         f.commit(1).unwrap();
         f.delivered(a);
         f.begin_at(i64::MAX).unwrap();

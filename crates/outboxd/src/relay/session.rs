@@ -64,7 +64,7 @@ pub async fn run_session_as(
     // back (recovering now would start the new slot inside the change).
     if publication_owed(cfg, &sql).await && !publication::covered(cfg, &sql).await? {
         return Err(RelayError::PublicationChanged(format!(
-            "waiting until publication {:?} covers the outbox table again",
+            "waiting until publication {:?} covers every listed outbox table again",
             cfg.source.publication
         )));
     }

@@ -117,21 +117,28 @@ pub async fn preflight_opt(
              ALTER SYSTEM SET wal_level = logical; then restart Postgres"
         )));
     }
-    let (schema, table) = cfg.table_name();
-    let exists: bool = sql
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)",
-            &[&schema, &table],
-        )
-        .await?
-        .get(0);
-    if !exists {
-        return Err(RelayError::Setup(format!(
-            "outbox table {schema}.{table} does not exist: run `outboxd init --config FILE` \
-             (or apply sql/001_outbox.sql)"
-        )));
-    }
     let publication = &cfg.source.publication;
+    // Every listed table exists and is published, or nothing streams (never skip one).
+    let mut uncovered = None;
+    for t in cfg.tables() {
+        let row = sql
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2), \
+                        EXISTS (SELECT 1 FROM pg_publication_tables \
+                                WHERE pubname = $3 AND schemaname = $1 AND tablename = $2)",
+                &[&t.schema, &t.name, publication],
+            )
+            .await?;
+        let (schema, table) = (&t.schema, &t.name);
+        if !row.get::<_, bool>(0) {
+            return Err(RelayError::Setup(format!(
+                "outbox table {schema}.{table} does not exist: run `outboxd init --config FILE` \
+                 (or apply sql/001_outbox.sql)"
+            )));
+        }
+        uncovered = uncovered.or((!row.get::<_, bool>(1)).then(|| t.pair()));
+    }
+    let (schema, table) = cfg.table_name();
     let pubrow = sql
         .query_opt(
             "SELECT pubinsert FROM pg_publication WHERE pubname = $1",
@@ -150,18 +157,11 @@ pub async fn preflight_opt(
              ALTER PUBLICATION {publication} SET (publish = 'insert');"
         )));
     }
-    let covers: bool = sql
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
-             WHERE pubname = $1 AND schemaname = $2 AND tablename = $3)",
-            &[publication, &schema, &table],
-        )
-        .await?
-        .get(0);
-    if !covers {
+    if let Some((schema, table)) = uncovered {
         return Err(RelayError::Setup(format!(
             "publication {publication:?} does not include {schema}.{table}: \
-             ALTER PUBLICATION {publication} ADD TABLE {schema}.{table};"
+             ALTER PUBLICATION {publication} ADD TABLE {schema}.{table}; (or run `outboxd \
+             init --config FILE`)"
         )));
     }
     let slot = slot_state(cfg, sql).await?;

@@ -16,13 +16,12 @@ use crate::poison::validate::Validator;
 use crate::relay::in_flight::InFlight;
 use crate::relay::kafka::{Ack, Origin, Producer, Verdict};
 use crate::relay::lsn::PG_EPOCH_US;
+use crate::relay::outboxes::{Lookup, Outboxes};
 use crate::relay::pgoutput::{self, Message, Value};
-use crate::relay::route::ColumnNames;
-use crate::relay::route::{Event, RowMapping, TopicTemplate};
+use crate::relay::route::Event;
 use crate::relay::source::sql_bounded;
 use crate::slot::publication;
 use pgwire_replication::ReplicationEvent;
-use std::collections::HashSet;
 use std::sync::Arc;
 use tokio_postgres::Client;
 
@@ -32,13 +31,8 @@ pub struct Stages {
     /// Its changes end the session ([`publication::concerns`]).
     publication: String,
     sql: Client,
-    names: ColumnNames,
-    table: (String, String),
-    topic: TopicTemplate,
-    /// Relation id of the outbox table and its column mapping, once a Relation was seen.
-    outbox: Option<(u32, RowMapping)>,
-    /// Relations of other published tables: their changes are counted and ignored.
-    others: HashSet<u32>,
+    /// The listed outbox tables, and which Relation id is which.
+    outboxes: Outboxes,
     values: Vec<Value<'static>>,
     topic_buf: String,
     ignored: u64,
@@ -90,20 +84,21 @@ impl Stages {
         poison: PoisonHandler,
         shadow: Option<crate::shadow::Tap>,
     ) -> Result<Self, RelayError> {
+        let outboxes = Outboxes::new(cfg)?;
+        let mut in_flight = InFlight::new(confirmed);
+        if cfg.is_multi_table() {
+            in_flight.count_tables(&outboxes.labels());
+        }
         Ok(Self {
             slot: cfg.source.slot.clone(),
             publication: cfg.source.publication.clone(),
             sql,
-            names: cfg.source.columns.resolve()?,
-            table: cfg.table_name(),
-            topic: TopicTemplate::parse(&cfg.sink.topic)?,
-            outbox: None,
-            others: HashSet::new(),
+            outboxes,
             values: Vec::new(),
             topic_buf: String::new(),
             ignored: 0,
             validator: Validator::from_config(&cfg.validation),
-            in_flight: InFlight::new(confirmed),
+            in_flight,
             poison,
             watch: Watch::new(cfg),
             advanced_by_ack: false,
@@ -251,30 +246,13 @@ impl Stages {
 
     async fn on_data(&mut self, data: &[u8], producer: &Producer) -> Result<(), RelayError> {
         match pgoutput::decode(data)? {
-            Message::Relation(rel) => {
-                if (rel.namespace.as_str(), rel.name.as_str())
-                    == (self.table.0.as_str(), self.table.1.as_str())
-                {
-                    let mut missing = Vec::new();
-                    let mapping = RowMapping::resolve(&self.names, &rel, &mut missing)?;
-                    if !missing.is_empty() {
-                        tracing::warn!(?missing, "optional outbox columns absent; not emitted");
-                    }
-                    self.outbox = Some((rel.id, mapping));
-                    self.others.remove(&rel.id);
-                } else {
-                    if self.outbox.as_ref().is_some_and(|(id, _)| *id == rel.id) {
-                        self.outbox = None; // the outbox table was renamed away
-                    }
-                    self.others.insert(rel.id);
-                }
-            }
-            Message::Insert { rel, tuple } => match &self.outbox {
-                Some((id, _)) if *id == rel => self.on_outbox_row(tuple, producer).await?,
-                _ if self.others.contains(&rel) => self.ignore(),
+            Message::Relation(rel) => self.outboxes.on_relation(&rel)?,
+            Message::Insert { rel, tuple } => match self.outboxes.lookup(rel) {
+                Lookup::Outbox(..) => self.on_outbox_row(rel, tuple, producer).await?,
+                Lookup::Other => self.ignore(),
                 // pgoutput sends a Relation before a table's first change; an Insert for an
                 // unknown relation could be an outbox row we cannot read: restart the session.
-                _ => {
+                Lookup::Unknown => {
                     return Err(RelayError::Replication(format!(
                         "insert for relation {rel} arrived before its Relation message"
                     )))
@@ -286,13 +264,18 @@ impl Stages {
         Ok(())
     }
 
-    async fn on_outbox_row(&mut self, tuple: &[u8], producer: &Producer) -> Result<(), RelayError> {
+    async fn on_outbox_row(
+        &mut self,
+        rel: u32,
+        tuple: &[u8],
+        producer: &Producer,
+    ) -> Result<(), RelayError> {
         // Reuse one value buffer across rows; its borrow of `tuple` ends with this call.
         let mut values: Vec<Value<'_>> = std::mem::take(&mut self.values)
             .into_iter()
             .map(|_| Value::Null)
             .collect();
-        let result = self.route_and_send(tuple, &mut values, producer).await;
+        let result = self.route_and_send(rel, tuple, &mut values, producer).await;
         values.clear();
         self.values = values.into_iter().map(|_| Value::Null).collect();
         result
@@ -300,6 +283,7 @@ impl Stages {
 
     async fn route_and_send<'a>(
         &mut self,
+        rel: u32,
         tuple: &'a [u8],
         values: &mut Vec<Value<'a>>,
         producer: &Producer,
@@ -308,20 +292,24 @@ impl Stages {
         self.in_flight.check_open()?;
         pgoutput::decode_tuple(tuple, values)?;
         fail::hit("decoded");
-        let (_, mapping) = self.outbox.as_ref().expect("checked by caller");
-        let event = match mapping.event(values) {
+        let Lookup::Outbox(table, mapping) = self.outboxes.lookup(rel) else {
+            unreachable!("checked by the caller");
+        };
+        let mut event = match mapping.event(values) {
             Ok(e) => e,
             Err(e) => {
                 // Unroutable row (a required field NULL, not UTF-8): deterministic.
-                let rec = mapping
+                let mut rec = mapping
                     .partial(values)
                     .ok_or(RelayError::Route(e.clone()))?;
+                self.outboxes.get(table).tag_record(&mut rec);
                 return self.park(rec, e.class(), &e.to_string()).await;
             }
         };
+        self.outboxes.get(table).tag(&mut event);
         let event_type = event.type_or_empty();
-        if event.tombstone && self.poison.parks_null_payload(event_type) {
-            let rec = self.record_of(&event);
+        if event.tombstone && self.poison.parks_null_payload(event_type, table) {
+            let rec = self.record_of(table, &event);
             let msg = "payload is NULL; policy.on_null_payload = \"park\" (set \"tombstone\" to \
                        send a record with a null value, as Debezium does)";
             return self.park(rec, "invalid_event", msg).await;
@@ -331,12 +319,12 @@ impl Stages {
             .aggregate_id
             .and_then(|id| self.poison.blocked_by(event_type, event.aggregate_type, id));
         if let Some(head) = blocked_by {
-            let rec = self.record_of(&event);
+            let rec = self.record_of(table, &event);
             return self.poison.hold(&self.sql, &rec, &head).await;
         }
         if event.headers.is_some() {
             if let Err(e) = event.for_each_header(|_, _| {}) {
-                let rec = self.record_of(&event);
+                let rec = self.record_of(table, &event);
                 return self.park(rec, e.class(), &e.to_string()).await;
             }
         }
@@ -346,13 +334,14 @@ impl Stages {
                 event.schema_version.unwrap_or("1"),
                 event.payload,
             ) {
-                let rec = self.record_of(&event);
+                let rec = self.record_of(table, &event);
                 return self.park(rec, "schema_invalid", &msg).await;
             }
         }
-        if let Err(e) = self.topic.render(&event, &mut self.topic_buf) {
+        let route = self.outboxes.get(table);
+        if let Err(e) = route.topic.render(&event, &mut self.topic_buf) {
             // `{event_type}` in sink.topic and a NULL event type: no topic to send it to.
-            let rec = self.record_of(&event);
+            let rec = self.record_of(table, &event);
             return self.park(rec, e.class(), &e.to_string()).await;
         }
         let mut topic = self.topic_buf.as_str();
@@ -370,9 +359,13 @@ impl Stages {
                 }
             }
         }
-        let seq = self
-            .in_flight
-            .add(event_type, topic, event.size(), &self.observed.labels)?;
+        let seq = self.in_flight.add(
+            table,
+            event_type,
+            topic,
+            event.size(),
+            &self.observed.labels,
+        )?;
         // A synchronous refusal arrives as an Ack before the session reads the next event.
         producer.send(topic, &event, seq).await;
         fail::hit("produced");
@@ -390,8 +383,13 @@ impl Stages {
     }
 
     /// The record exactly as it would have been produced (without a topic when it has none).
-    fn record_of(&mut self, e: &Event<'_>) -> ParkedRecord {
-        let routed = self.topic.render(e, &mut self.topic_buf).is_ok();
+    fn record_of(&mut self, table: usize, e: &Event<'_>) -> ParkedRecord {
+        let routed = self
+            .outboxes
+            .get(table)
+            .topic
+            .render(e, &mut self.topic_buf)
+            .is_ok();
         e.parked_record(routed.then_some(self.topic_buf.as_str()))
     }
 }

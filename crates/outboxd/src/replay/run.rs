@@ -164,6 +164,7 @@ pub async fn execute(
     select::refuse_shadowed(&select::shadowed(cfg, types))?;
     let approved = u32::try_from(r.rate).unwrap_or(1).max(1);
     let rate = rate.map_or(approved, |x| x.clamp(1, approved));
+    select::check_table(&r.selection, cfg)?;
     let sel = Selection::from_json(&r.selection)?;
     recount(cfg, &audit, &r, &sel).await?;
     let names = cfg.source.columns.resolve().map_err(RelayError::from)?;

@@ -13,6 +13,45 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use tokio_postgres::Client;
 
+/// The stored selection's key naming its outbox table (`schema.table`): written when the
+/// configuration lists several tables, so `replay run` reads the table that was approved.
+const TABLE_KEY: &str = "table";
+
+/// `json` (a selection) with the table `cfg` reads, when `cfg` is one table of several
+/// ([`Config::for_table`]); unchanged otherwise (one-table replays stay as they were).
+pub fn with_table(mut json: Value, cfg: &Config) -> Value {
+    if cfg.tags_records() {
+        let (schema, table) = cfg.table_name();
+        json[TABLE_KEY] = json!(format!("{schema}.{table}"));
+    }
+    json
+}
+
+/// The table a stored selection was recorded for, if any.
+pub fn recorded_table(json: &Value) -> Option<&str> {
+    json.get(TABLE_KEY).and_then(Value::as_str)
+}
+
+/// Refuses to run a stored replay on another table than the one it was recorded (and
+/// approved) for, or one recorded without a table under a multi-table configuration.
+pub fn check_table(json: &Value, cfg: &Config) -> Result<(), ReplayError> {
+    let (schema, table) = cfg.table_name();
+    let here = format!("{schema}.{table}");
+    match recorded_table(json) {
+        Some(t) if crate::config::tables::split(t) == (schema, table) => Ok(()),
+        Some(t) => Err(ReplayError::Selection(format!(
+            "this replay was recorded for outbox table {t}, not {here}: run it with \
+             --table {t} (or a configuration that reads {t})"
+        ))),
+        None if cfg.tags_records() => Err(ReplayError::Selection(format!(
+            "this replay was recorded without a table (by a one-table configuration) and this \
+             configuration lists several: run it with the one-table configuration it was \
+             recorded under, not {here}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Selection {
     /// These events (deduplicated, in the order given).
@@ -513,5 +552,42 @@ mod tests {
             ["5 events and 1 event_id(s) not found, over replay.approval_over = 5 (the database's \
               policy)"]
         );
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    fn cfg(source: &str) -> Config {
+        Config::from_toml_and_env(
+            &format!(
+                "[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n\
+                 [source]\ndsn = \"postgres://u@h/db\"\n{source}"
+            ),
+            Vec::<(String, String)>::new(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_stored_replay_runs_on_the_table_it_was_recorded_for() {
+        let multi =
+            cfg("[[source.tables]]\nname = \"a.outbox\"\n[[source.tables]]\nname = \"b.outbox\"\n");
+        let a = multi.for_table("a.outbox").unwrap();
+        assert!(a.tags_records());
+        let stored = with_table(json!({"by": "ids", "ids": []}), &a);
+        assert_eq!(recorded_table(&stored), Some("a.outbox"));
+        check_table(&stored, &a).unwrap();
+        let b = multi.for_table("b.outbox").unwrap();
+        let e = check_table(&stored, &b).unwrap_err().to_string();
+        assert!(e.contains("recorded for outbox table a.outbox"), "{e}");
+        // Recorded by a one-table configuration: no table key, and not run as one of several.
+        let one = cfg("table = \"a.outbox\"\n");
+        let plain = with_table(json!({"by": "ids", "ids": []}), &one);
+        assert_eq!(recorded_table(&plain), None);
+        check_table(&plain, &one).unwrap();
+        assert!(check_table(&plain, &a).is_err());
+        assert!(multi.for_table("c.outbox").is_err());
     }
 }

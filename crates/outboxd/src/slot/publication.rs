@@ -21,6 +21,7 @@
 
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::relay::source::quote_ident;
 use tokio_postgres::Client;
 
 /// Prefix of the event trigger's messages.
@@ -57,18 +58,115 @@ pub fn concerns(content: &[u8], publication: &str) -> Option<String> {
     hit.then(|| format!("{tag} on publication {publication:?}"))
 }
 
-/// Whether the publication exists, publishes inserts and includes the outbox table right now.
+/// Whether the publication exists, publishes inserts and includes every listed outbox table
+/// right now.
 pub async fn covered(cfg: &Config, sql: &Client) -> Result<bool, RelayError> {
-    let (schema, table) = cfg.table_name();
-    Ok(sql
+    for t in cfg.tables() {
+        let covers: bool = sql
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t \
+                     ON t.pubname = p.pubname \
+                 WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)",
+                &[&cfg.source.publication, &t.schema, &t.name],
+            )
+            .await?
+            .get(0);
+        if !covers {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// What the publication covers against what is listed (`check`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Coverage {
+    /// Listed tables the publication does not include: their rows are not streamed (the
+    /// relay refuses to start until they are).
+    pub missing: Vec<String>,
+    /// Tables the publication includes that are not listed: their changes are decoded by the
+    /// walsender and ignored by the relay.
+    pub unlisted: Vec<String>,
+}
+
+/// The tables the publication includes (`schema.table`); `None` when it does not exist.
+async fn published(cfg: &Config, sql: &Client) -> Result<Option<Vec<String>>, RelayError> {
+    let exists: bool = sql
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t \
-                 ON t.pubname = p.pubname \
-             WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)",
-            &[&cfg.source.publication, &schema, &table],
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            &[&cfg.source.publication],
         )
         .await?
-        .get(0))
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let rows = sql
+        .query(
+            "SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables \
+             WHERE pubname = $1 ORDER BY 1",
+            &[&cfg.source.publication],
+        )
+        .await?;
+    Ok(Some(rows.iter().map(|r| r.get(0)).collect()))
+}
+
+/// `check`: listed tables missing from the publication, published tables not listed.
+pub async fn coverage(cfg: &Config, sql: &Client) -> Result<Option<Coverage>, RelayError> {
+    let Some(published) = published(cfg, sql).await? else {
+        return Ok(None);
+    };
+    let listed: Vec<String> = cfg.tables().iter().map(|t| t.label()).collect();
+    Ok(Some(Coverage {
+        missing: listed
+            .iter()
+            .filter(|l| !published.contains(l))
+            .cloned()
+            .collect(),
+        unlisted: published
+            .into_iter()
+            .filter(|p| !listed.contains(p))
+            .collect(),
+    }))
+}
+
+/// `init`: adds every listed table the (existing) publication does not include yet. A running
+/// relay sees the change in its stream and republishes the gap from the tables; the added
+/// table's rows are streamed from the change on (earlier ones are the operator's to replay).
+pub async fn extend(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayError> {
+    let Some(cov) = coverage(cfg, sql).await? else {
+        return Ok(Vec::new());
+    };
+    let mut done = Vec::new();
+    for label in cov.missing {
+        let (schema, table) = crate::config::tables::split(&label);
+        let qualified = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+        sql.batch_execute(&format!(
+            "ALTER PUBLICATION {} ADD TABLE {qualified}",
+            quote_ident(&cfg.source.publication),
+        ))
+        .await?;
+        // pgoutput streams a table's inserts from the change on: what it held before is not
+        // in the stream, and saying so is the difference between a choice and a silent loss.
+        let earlier: bool = sql
+            .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {qualified})"), &[])
+            .await?
+            .get(0);
+        done.push(if earlier {
+            format!(
+                "publication {} extended with {label}; its rows written before now are NOT \
+                 streamed (only inserts from now on are): if they must go out, republish them \
+                 with `outboxd replay --table {label} --since … --until …`",
+                cfg.source.publication
+            )
+        } else {
+            format!(
+                "publication {} extended with {label}",
+                cfg.source.publication
+            )
+        });
+    }
+    Ok(done)
 }
 
 /// `init`: installs the event trigger when the role may (a superuser), and says what it did.

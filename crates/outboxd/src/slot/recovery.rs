@@ -20,12 +20,17 @@
 //! 4. Wait for every acknowledgement, then rebase the state row (clearing the intent) and
 //!    start streaming from the slot's consistent point.
 //!
+//! With several outbox tables (`[[source.tables]]`) step 3 reads each listed table in turn,
+//! under the same snapshot, each through its own mapping: the gap is every table's.
+//!
 //! Duplicates are the price (rows of transactions between `delivered_xid` and the loss that had
 //! been delivered); consumers dedupe on `event_id`.
 
+use crate::config::tables::OutboxTable;
 use crate::config::{Config, SlotLossPolicy};
 use crate::error::RelayError;
 use crate::relay::kafka::{Ack, Producer};
+use crate::relay::route::ColumnNames;
 use crate::relay::source::{self, quote_ident};
 use crate::relay::stages::Stages;
 use crate::relay::table_reader::{self, Flow, NoHooks, TableReader};
@@ -44,7 +49,11 @@ pub struct Prepared {
     pub repl: Option<ReplicationClient>,
     /// Where the stream continues: the new slot's consistent point, or the kept slot's position.
     pub start: u64,
+    /// The reader of the first listed table; the others follow ([`Prepared::rest`]).
     reader: TableReader,
+    /// The other listed tables' gap filters and orders, read after the first under the same
+    /// snapshot.
+    rest: std::collections::VecDeque<TableGap>,
     gap: Gap,
     reason: LossReason,
     /// Database clock before the slot was created: every transaction that committed earlier is
@@ -55,6 +64,13 @@ pub struct Prepared {
     snapshot_xmin: Option<u64>,
     identity: Identity,
     new_slot: bool,
+}
+
+/// One listed table's share of a recovery: its gap as SQL and the order to read it in.
+struct TableGap {
+    table: OutboxTable,
+    filter: String,
+    order: Vec<String>,
 }
 
 /// What the gap holds now: rows per event type and their time range.
@@ -84,35 +100,44 @@ impl std::fmt::Display for GapSummary {
     }
 }
 
-fn qualified(cfg: &Config) -> String {
-    let (schema, table) = cfg.table_name();
-    format!("{}.{}", quote_ident(&schema), quote_ident(&table))
+fn qualified(t: &OutboxTable) -> String {
+    format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name))
 }
 
-/// Counts the rows a recovery of `gap` would republish (`first`/`last`: their `created_at`,
-/// when one is mapped).
+/// Counts the rows a recovery of `gap` would republish, over every listed table (`first`/
+/// `last`: their `created_at`, when one is mapped; with several tables the event types are
+/// prefixed with their table).
 pub async fn summarize(cfg: &Config, sql: &Client, gap: &Gap) -> Result<GapSummary, RelayError> {
-    let names = cfg.source.columns.resolve()?;
-    let filter = gap::filter(sql, gap, names.created_at.as_deref()).await?;
-    let range = match &names.created_at {
-        Some(c) => format!("min(o.{0}), max(o.{0})", quote_ident(c)),
-        None => "NULL::timestamptz, NULL::timestamptz".into(),
-    };
-    let q = format!(
-        "SELECT o.{}::text, count(*), {range} FROM {} AS o WHERE {filter} GROUP BY 1 ORDER BY 1",
-        quote_ident(&names.event_type),
-        qualified(cfg)
-    );
     let mut s = GapSummary::default();
-    for r in sql.query(&q, &[]).await? {
-        let n: i64 = r.get(1);
-        s.per_type
-            .push((r.get::<_, Option<String>>(0).unwrap_or_default(), n));
-        s.total += n;
-        let (a, b): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = (r.get(2), r.get(3));
-        if let (Some(a), Some(b)) = (a, b) {
-            s.first = Some(s.first.map_or(a, |f| f.min(a)));
-            s.last = Some(s.last.map_or(b, |l| l.max(b)));
+    let multi = cfg.is_multi_table();
+    for t in cfg.tables() {
+        let names = t.columns.resolve()?;
+        let filter = gap::filter(sql, gap, names.created_at.as_deref()).await?;
+        let range = match &names.created_at {
+            Some(c) => format!("min(o.{0}), max(o.{0})", quote_ident(c)),
+            None => "NULL::timestamptz, NULL::timestamptz".into(),
+        };
+        let q = format!(
+            "SELECT o.{}::text, count(*), {range} FROM {} AS o WHERE {filter} GROUP BY 1 \
+             ORDER BY 1",
+            quote_ident(&names.event_type),
+            qualified(&t)
+        );
+        for r in sql.query(&q, &[]).await? {
+            let n: i64 = r.get(1);
+            let ty = r.get::<_, Option<String>>(0).unwrap_or_default();
+            let ty = if multi {
+                format!("{}/{ty}", t.label())
+            } else {
+                ty
+            };
+            s.per_type.push((ty, n));
+            s.total += n;
+            let (a, b): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) = (r.get(2), r.get(3));
+            if let (Some(a), Some(b)) = (a, b) {
+                s.first = Some(s.first.map_or(a, |f| f.min(a)));
+                s.last = Some(s.last.map_or(b, |l| l.max(b)));
+            }
         }
     }
     Ok(s)
@@ -206,7 +231,7 @@ pub async fn prepare(
     let Some(gap) = loss.gap.clone() else {
         return Err(refusal(cfg, sql, loss, unproven(loss)).await);
     };
-    let names = cfg.source.columns.resolve()?;
+    let tables = cfg.tables();
     // Two instances may detect the loss at once: one recovers, the other stands by.
     let locked: bool = sql
         .query_one(
@@ -221,26 +246,32 @@ pub async fn prepare(
             pid: "(another instance is recovering it)".into(),
         });
     }
-    if let (Some(mark), Some(ts), false, false) = (
-        loss.mark,
-        &names.created_at,
-        manual,
-        matches!(loss.reason, LossReason::Interrupted(_)),
-    ) {
+    for t in &tables {
+        let names = t.columns.resolve()?;
+        let (Some(mark), Some(ts), false, false) = (
+            loss.mark,
+            &names.created_at,
+            manual,
+            matches!(loss.reason, LossReason::Interrupted(_)),
+        ) else {
+            continue;
+        };
         // Rows delivered at the mark were in the table; if none is left, cleanup (or a writer
-        // that deletes in the inserting transaction) may have removed gap rows too.
+        // that deletes in the inserting transaction) may have removed gap rows too. Per table:
+        // one table's old rows vouch for nothing in another.
         let q = format!(
             "SELECT EXISTS (SELECT 1 FROM {} WHERE {} <= $1)",
-            qualified(cfg),
+            qualified(t),
             quote_ident(ts)
         );
         let present: bool = sql.query_one(&q, &[&mark]).await?.get(0);
         if !present {
             let why = format!(
-                "The outbox table no longer holds the rows delivered at the delivery mark {} \
-                 (cleaned up, or deleted in the transaction that inserted them), so it cannot \
-                 vouch for the rows of the gap: events committed after the mark may be lost and \
-                 must be re-emitted by their writers",
+                "The outbox table {} no longer holds the rows delivered at the delivery mark {} \
+                 (cleaned up, deleted in the transaction that inserted them, or a table that \
+                 held none yet), so it cannot vouch for the rows of the gap: events committed \
+                 after the mark may be lost and must be re-emitted by their writers",
+                t.label(),
                 mark.to_rfc3339()
             );
             return Err(refusal(cfg, sql, loss, &why).await);
@@ -276,7 +307,6 @@ pub async fn prepare(
             .ok_or_else(|| RelayError::Postgres(format!("slot {:?} vanished", cfg.source.slot)))?;
         (None, slot.confirmed_flush)
     };
-    let filter = gap::filter(&reader, &gap, names.created_at.as_deref()).await?;
     // Once every row this snapshot sees is published, every transaction older than the oldest
     // one it saw running is delivered: the new delivered_xid, when the gap was exact.
     let snapshot_xmin = match gap.from_xid {
@@ -289,22 +319,27 @@ pub async fn prepare(
         }
         None => None,
     };
-    let (relation, _) = table_reader::relation(cfg, &reader).await?;
-    let order = version_order(cfg, &reader, &relation).await?;
-    let reader = TableReader::cursor(
-        cfg,
-        reader,
-        &filter,
-        &order,
-        start,
-        mark,
-        "recovery_produced",
-    )
-    .await?;
+    let mut rest = std::collections::VecDeque::new();
+    for table in tables {
+        let names = table.columns.resolve()?;
+        let filter = gap::filter(&reader, &gap, names.created_at.as_deref()).await?;
+        let (relation, _) = table_reader::relation_of(&table, &reader).await?;
+        let order = version_order(&names, &reader, &relation).await?;
+        rest.push_back(TableGap {
+            table,
+            filter,
+            order,
+        });
+    }
+    let first = rest
+        .pop_front()
+        .expect("a configuration lists at least one table");
+    let reader = first.cursor(reader, start, mark).await?;
     Ok(Prepared {
         repl,
         start,
         reader,
+        rest,
         gap,
         reason: loss.reason.clone(),
         mark,
@@ -323,11 +358,10 @@ pub async fn prepare(
 /// within a transaction). Qualified: a bare name would sort by the same-named `::text` output
 /// column ("10" < "9").
 pub async fn version_order(
-    cfg: &Config,
+    names: &ColumnNames,
     client: &Client,
     relation: &crate::relay::pgoutput::Relation,
 ) -> Result<Vec<String>, RelayError> {
-    let names = cfg.source.columns.resolve()?;
     let mut order = vec![
         format!("o.{}", quote_ident(&names.aggregate_type)),
         format!("o.{}", quote_ident(&names.aggregate_id)),
@@ -383,15 +417,25 @@ pub async fn publish(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<(Option<ReplicationClient>, u64)>, RelayError> {
     let started = std::time::Instant::now();
-    let flow = p
-        .reader
-        .publish(cfg, st, producer, acks, shutdown, &mut NoHooks)
-        .await?;
-    if flow == Flow::Shutdown {
-        return Ok(None);
+    let mut reader = p.reader;
+    let mut events = 0;
+    loop {
+        let flow = reader
+            .publish(cfg, st, producer, acks, shutdown, &mut NoHooks)
+            .await?;
+        if flow == Flow::Shutdown {
+            return Ok(None);
+        }
+        events += reader.sent() as i64;
+        // The next listed table, under the same snapshot.
+        let Some(next) = p.rest.pop_front() else {
+            break;
+        };
+        let client = reader.into_client();
+        client.batch_execute("CLOSE outboxd_table_reader").await?;
+        reader = next.cursor(client, p.start, p.mark).await?;
     }
-    let events = p.reader.sent() as i64;
-    p.reader.client().batch_execute("COMMIT").await?;
+    reader.client().batch_execute("COMMIT").await?;
     let lsn = p.new_slot.then_some(p.start);
     slot_state::finish_recovery(
         st.sql(),
@@ -416,6 +460,27 @@ pub async fn publish(
         "recovery finished: every outbox row of the gap is acknowledged by the broker"
     );
     Ok(Some((p.repl.take(), p.start)))
+}
+
+impl TableGap {
+    /// The reader of this table's gap, on `client` (in the recovery's snapshot).
+    async fn cursor(
+        &self,
+        client: Client,
+        lsn: u64,
+        mark: DateTime<Utc>,
+    ) -> Result<TableReader, RelayError> {
+        TableReader::cursor(
+            &self.table,
+            client,
+            &self.filter,
+            &self.order,
+            lsn,
+            mark,
+            "recovery_produced",
+        )
+        .await
+    }
 }
 
 fn quote_literal(s: &str) -> String {

@@ -45,6 +45,8 @@ pub struct ReplayArgs {
     pub dsn: Option<String>,
 }
 
+// Parsed once per process: boxing the selection would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum ReplayCmd {
     /// Record a replay that needs an approval (large, or of side-effecting types); prints its id.
@@ -105,6 +107,10 @@ pub struct SelectArgs {
     /// Only this aggregate id (repeatable).
     #[arg(long = "aggregate-id", value_name = "ID")]
     pub aggregate_ids: Vec<String>,
+    /// The outbox table to replay from (`schema.table`): required when the configuration lists
+    /// several (`[[source.tables]]`); recorded with the replay, which then runs on it only.
+    #[arg(long, value_name = "SCHEMA.TABLE")]
+    pub table: Option<String>,
 }
 
 /// Why, who, how fast.
@@ -187,7 +193,7 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
         cfg.source.dsn = dsn.clone();
         cfg.source.password = None;
     }
-    let cfg = &cfg;
+    let all = &cfg;
     let s = &args.select;
     let parent_options = args.execute
         || !s.ids.is_empty()
@@ -203,13 +209,31 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
                 .into(),
         ));
     }
-    let sql = source::sql_connect(cfg).await?;
+    let sql = source::sql_connect(all).await?;
     // Never created here: its creator would own it, and an owner can disable its guard.
     store::require_installed(&sql).await?;
-    let slot = &cfg.source.slot;
+    let slot = &all.source.slot;
     let ok = |s: String| Ok((s, ExitCode::SUCCESS));
+    // The one table a selection reads, its records tagged like the relay's (several tables).
+    let one = |table: Option<&str>| -> Result<Config, ReplayError> {
+        let setup = |m: String| ReplayError::Selection(m);
+        match table {
+            Some(t) => all.for_table(t).map_err(setup),
+            None if all.is_multi_table() => Err(setup(format!(
+                "this configuration lists several outbox tables ({}): name the one to replay \
+                 from with --table SCHEMA.TABLE",
+                all.tables()
+                    .iter()
+                    .map(|t| t.label())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))),
+            None => Ok(all.clone()),
+        }
+    };
     match args.cmd {
         None if !args.execute => {
+            let cfg = &one(s.table.as_deref())?;
             let p = plan(cfg, &sql, &args.select).await?;
             let rate = args.req.rate.unwrap_or(cfg.replay.rate);
             let who = who(cfg, &p.summary).await;
@@ -218,6 +242,7 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
             ))
         }
         None => {
+            let cfg = &one(s.table.as_deref())?;
             let reason = reason(&args.req)?;
             let p = plan(cfg, &sql, &args.select).await?;
             let (sel, summary) = (&p.sel, &p.summary);
@@ -238,6 +263,7 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
             execute(cfg, id, args.req.rate).await
         }
         Some(ReplayCmd::Request { select, req }) => {
+            let cfg = &one(select.table.as_deref())?;
             let reason = reason(&req)?;
             let Plan { sel, summary, .. } = plan(cfg, &sql, &select).await?;
             select::refuse_shadowed(&summary.shadowed)?;
@@ -280,11 +306,14 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
             ))
         }
         Some(ReplayCmd::Run { id, rate }) => {
+            // The table it was recorded for (run::execute checks the binding again).
+            let r = store::load(&sql, slot, id).await?;
+            let cfg = &one(select::recorded_table(&r.selection))?;
             drop(sql);
             execute(cfg, id, rate).await
         }
-        Some(ReplayCmd::List { all }) => {
-            let rows = store::list(&sql, slot, all).await?;
+        Some(ReplayCmd::List { all: every }) => {
+            let rows = store::list(&sql, slot, every).await?;
             ok(render::list(&rows))
         }
         Some(ReplayCmd::Show { id }) => {
@@ -296,7 +325,7 @@ pub async fn main(cfg: &Config, args: ReplayArgs) -> Result<(String, ExitCode), 
                 .flatten()
                 .filter_map(|g| g.get(1).and_then(serde_json::Value::as_str))
                 .collect();
-            let who = consumers::lookup(cfg, topics).await;
+            let who = consumers::lookup(all, topics).await;
             ok(render::show(&r, &who))
         }
     }
@@ -364,7 +393,7 @@ async fn record(
         sql,
         &store::NewReplay {
             slot: &cfg.source.slot,
-            selection: sel.to_json(),
+            selection: select::with_table(sel.to_json(), cfg),
             events: summary.total,
             summary: summary.groups_json(),
             side_effects: &summary.side_effects,

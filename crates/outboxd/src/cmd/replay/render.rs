@@ -235,6 +235,9 @@ pub fn show(r: &store::Replay, c: &Consumers) -> String {
     let _ = writeln!(o, "replay:        {}", r.id);
     let _ = writeln!(o, "state:         {}", r.state);
     let _ = writeln!(o, "selection:     {}", printable(&sel));
+    if let Some(table) = crate::replay::select::recorded_table(&r.selection) {
+        let _ = writeln!(o, "table:         {}", printable(table));
+    }
     let _ = writeln!(o, "selected:      {} event(s) when requested", r.events);
     if let Some(groups) = r.summary.as_array() {
         for g in groups {

@@ -9,6 +9,7 @@
 
 pub(crate) mod operator;
 
+use crate::config::tables::SOURCE_TABLE_HEADER;
 use crate::error::RelayError;
 use std::collections::HashMap;
 use tokio_postgres::Client;
@@ -68,6 +69,11 @@ pub async fn guards_installed(sql: &Client) -> Result<bool, RelayError> {
 
 /// Parks one event and commits. Returns the row's state afterwards (a replayed event that an
 /// operator already resolved stays resolved).
+///
+/// A row is one per (slot, event_id): the same event parked again (a replayed stream) only
+/// counts an attempt. With several outbox tables two tables may carry the same event_id; the
+/// second would then vanish into the first's row, so a conflict whose stored `source_table`
+/// header differs is refused ([`RelayError::Halted`], class `event_id_collision`).
 #[allow(clippy::too_many_arguments)]
 pub async fn park(
     sql: &Client,
@@ -92,7 +98,8 @@ pub async fn park(
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              ON CONFLICT (slot, event_id) DO UPDATE SET attempts = outbox_parked.attempts + 1, \
                last_seen = now() \
-             RETURNING state",
+             RETURNING state, (SELECT h->>1 FROM jsonb_array_elements(outbox_parked.headers::jsonb) h \
+               WHERE jsonb_typeof(outbox_parked.headers::jsonb) = 'array' AND h->>0 = $17 LIMIT 1)",
             &[
                 &slot,
                 &rec.event_id,
@@ -110,9 +117,31 @@ pub async fn park(
                 &blocked_by,
                 &class,
                 &message,
+                &SOURCE_TABLE_HEADER,
             ],
         )
         .await?;
+    let stored: Option<String> = row.get(1);
+    let ours = rec
+        .headers
+        .iter()
+        .find(|(k, _)| k == SOURCE_TABLE_HEADER)
+        .and_then(|(_, v)| v.clone());
+    if stored != ours {
+        return Err(RelayError::Halted {
+            event_id: rec.event_id.clone(),
+            class: "event_id_collision".into(),
+            message: format!(
+                "event_id {} of {} is already parked for slot {slot:?} from {}: two outbox tables \
+                 carry the same event_id, and a parked event is one per (slot, event_id). Make \
+                 event_ids unique across the tables of one relay (UUIDs are), or relay the \
+                 tables with separate slots",
+                rec.event_id,
+                ours.as_deref().unwrap_or("the outbox table"),
+                stored.as_deref().unwrap_or("another table"),
+            ),
+        });
+    }
     Ok(row.get(0))
 }
 
@@ -237,6 +266,25 @@ pub async fn still_blocked(
         )
         .await?
         .get(0))
+}
+
+/// Open parked events per outbox table (the `source_table` header their records carry; `None`
+/// for records without one), for `status` with several tables.
+pub async fn open_per_table(
+    sql: &Client,
+    slot: &str,
+) -> Result<Vec<(Option<String>, i64)>, RelayError> {
+    let rows = sql
+        .query(
+            "SELECT (SELECT h->>1 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p.headers) = \
+                     'array' THEN p.headers ELSE '[]'::jsonb END) h WHERE h->>0 = $2 LIMIT 1), \
+                    count(*) \
+             FROM outbox_parked p WHERE p.slot = $1 AND p.state IN ('parked', 'blocked', 'retry') \
+             GROUP BY 1",
+            &[&slot, &SOURCE_TABLE_HEADER],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// Open parked events: `(event_type, state, count, age of the oldest in seconds)`.

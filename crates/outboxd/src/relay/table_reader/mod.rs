@@ -19,8 +19,9 @@
 
 mod rows;
 
-pub use rows::{relation, Filter, Position};
+pub use rows::{relation, relation_of, Filter, Position};
 
+use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::kafka::{Ack, Producer};
@@ -106,7 +107,7 @@ impl TableReader {
     /// A reader of the rows matching `filter` (SQL over alias `o`, literals only) in `order`,
     /// through a cursor declared now, inside the transaction (and snapshot) `client` holds.
     pub async fn cursor(
-        cfg: &Config,
+        table: &OutboxTable,
         client: Client,
         filter: &str,
         order: &[String],
@@ -114,7 +115,7 @@ impl TableReader {
         commit_at: DateTime<Utc>,
         fail_point: &'static str,
     ) -> Result<Self, RelayError> {
-        let src = Source::new(cfg, client, Rows::Cursor).await?;
+        let src = Source::new(table, client, Rows::Cursor).await?;
         src.declare(filter, order).await?;
         Ok(Self::new(src, Lsns::Fixed(lsn), commit_at, fail_point))
     }
@@ -130,7 +131,9 @@ impl TableReader {
         batch: usize,
         fail_point: &'static str,
     ) -> Result<Self, RelayError> {
-        let mut src = Source::new(cfg, client, Rows::Pages { filter, after }).await?;
+        // Replay reads one table (it refuses a configuration listing several).
+        let table = &cfg.tables()[0];
+        let mut src = Source::new(table, client, Rows::Pages { filter, after }).await?;
         if src.order.is_none() {
             return Err(RelayError::Setup(
                 "the outbox mapping does not name the columns the replay order needs \
@@ -161,6 +164,12 @@ impl TableReader {
     /// The reader's connection (the caller ends its transaction).
     pub fn client(&self) -> &Client {
         &self.src.client
+    }
+
+    /// The reader's connection back, its transaction (and snapshot) still open, to read the
+    /// next table (after `CLOSE outboxd_table_reader`).
+    pub fn into_client(self) -> Client {
+        self.src.client
     }
 
     /// Rows handed to the stages so far.

@@ -1,6 +1,7 @@
 //! Where the table reader's rows come from: the outbox table's columns as pgoutput announces
 //! them, read as their text output, through a cursor (recovery) or in keyset pages (replay).
 
+use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::pgoutput::{Column, Relation};
@@ -141,9 +142,9 @@ impl Source {
         Ok(client.batch_execute(SESSION).await?)
     }
 
-    pub async fn new(cfg: &Config, client: Client, rows: Rows) -> Result<Self, RelayError> {
-        let (relation, _) = relation(cfg, &client).await?;
-        let names = cfg.source.columns.resolve()?;
+    pub async fn new(table: &OutboxTable, client: Client, rows: Rows) -> Result<Self, RelayError> {
+        let (relation, _) = relation_of(table, &client).await?;
+        let names = table.columns.resolve()?;
         let order = Order::new(&relation, &names);
         Ok(Self {
             client,
@@ -293,6 +294,22 @@ pub async fn relation(
     client: &Client,
 ) -> Result<(Relation, Vec<String>), RelayError> {
     let (schema, table) = cfg.table_name();
+    relation_named(schema, table, client).await
+}
+
+/// [`relation`] of one listed table.
+pub async fn relation_of(
+    table: &OutboxTable,
+    client: &Client,
+) -> Result<(Relation, Vec<String>), RelayError> {
+    relation_named(table.schema.clone(), table.name.clone(), client).await
+}
+
+async fn relation_named(
+    schema: String,
+    table: String,
+    client: &Client,
+) -> Result<(Relation, Vec<String>), RelayError> {
     let rows = client
         .query(
             "SELECT c.oid, a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod), \

@@ -1,0 +1,246 @@
+//! The listed outbox tables as the live path routes them (R44): which Relation id is which
+//! table, with that table's column mapping and topic template.
+//!
+//! pgoutput announces a table (a Relation message: id, schema, name, columns) before its first
+//! change in a session and again after its schema changes; the id stays the table's oid. Each
+//! listed table's Relation is resolved against that table's mapping; other published tables'
+//! changes are counted and ignored.
+
+use crate::config::tables::SOURCE_TABLE_HEADER;
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::relay::pgoutput::Relation;
+use crate::relay::route::{ColumnNames, Event, RowMapping, TopicTemplate};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// One listed table.
+pub struct Outbox {
+    schema: String,
+    name: String,
+    pub names: ColumnNames,
+    pub topic: TopicTemplate,
+    /// `schema.table`: the `source_table` header's value and the `table` metric label.
+    pub label: Arc<str>,
+    /// Records carry the `source_table` header (more than one table is listed).
+    tagged: bool,
+}
+
+impl Outbox {
+    /// Adds the `source_table` header when the relay lists several tables (see
+    /// [`SOURCE_TABLE_HEADER`]): last among the placed headers, before the row's own.
+    pub fn tag(&self, event: &mut Event<'_>) {
+        if self.tagged {
+            event.additional.push((
+                Arc::from(SOURCE_TABLE_HEADER),
+                Some(Cow::Owned(self.label.to_string())),
+            ));
+        }
+    }
+}
+
+impl Outbox {
+    /// [`Outbox::tag`] for a row parked before it could be routed.
+    pub fn tag_record(&self, rec: &mut crate::poison::record::ParkedRecord) {
+        if self.tagged {
+            rec.headers
+                .push((SOURCE_TABLE_HEADER.into(), Some(self.label.to_string())));
+        }
+    }
+}
+
+/// What a change's relation id is.
+pub enum Lookup<'a> {
+    /// A listed table: its index (configuration order) and the mapping of its current columns.
+    Outbox(usize, &'a RowMapping),
+    /// Another published table.
+    Other,
+    /// No Relation message announced it in this session.
+    Unknown,
+}
+
+/// See the module docs. One per session.
+pub struct Outboxes {
+    tables: Vec<Outbox>,
+    by_rel: HashMap<u32, (usize, RowMapping)>,
+    others: HashSet<u32>,
+}
+
+impl Outboxes {
+    pub fn new(cfg: &Config) -> Result<Self, RelayError> {
+        let tagged = cfg.tags_records();
+        let tables = cfg
+            .tables()
+            .into_iter()
+            .map(|t| {
+                Ok(Outbox {
+                    label: Arc::from(t.label()),
+                    names: t.columns.resolve()?,
+                    topic: TopicTemplate::parse(&t.topic)?,
+                    schema: t.schema,
+                    name: t.name,
+                    tagged,
+                })
+            })
+            .collect::<Result<Vec<_>, RelayError>>()?;
+        Ok(Self {
+            tables,
+            by_rel: HashMap::new(),
+            others: HashSet::new(),
+        })
+    }
+
+    /// A Relation message: a listed table's columns resolved against its mapping (Err when a
+    /// required column is missing), anything else remembered as not ours. A listed table
+    /// renamed away stops being one.
+    pub fn on_relation(&mut self, rel: &Relation) -> Result<(), RelayError> {
+        let listed = self
+            .tables
+            .iter()
+            .position(|t| (t.schema.as_str(), t.name.as_str()) == (&rel.namespace, &rel.name));
+        match listed {
+            Some(i) => {
+                let mut missing = Vec::new();
+                let mapping = RowMapping::resolve(&self.tables[i].names, rel, &mut missing)?;
+                if !missing.is_empty() {
+                    let table = &*self.tables[i].label;
+                    tracing::warn!(
+                        table,
+                        ?missing,
+                        "optional outbox columns absent; not emitted"
+                    );
+                }
+                self.by_rel.insert(rel.id, (i, mapping));
+                self.others.remove(&rel.id);
+            }
+            None => {
+                self.by_rel.remove(&rel.id);
+                self.others.insert(rel.id);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn lookup(&self, rel: u32) -> Lookup<'_> {
+        match self.by_rel.get(&rel) {
+            Some((i, m)) => Lookup::Outbox(*i, m),
+            None if self.others.contains(&rel) => Lookup::Other,
+            None => Lookup::Unknown,
+        }
+    }
+
+    /// Every listed table's `schema.table`, in configuration order.
+    pub fn labels(&self) -> Vec<Arc<str>> {
+        self.tables.iter().map(|t| t.label.clone()).collect()
+    }
+
+    /// The table at `i` (an index [`Lookup::Outbox`] gave).
+    pub fn get(&self, i: usize) -> &Outbox {
+        &self.tables[i]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::relay::pgoutput::Column;
+
+    fn cfg(tables: &str) -> Config {
+        Config::from_toml_and_env(
+            &format!(
+                "[source]\ndsn = \"postgres://u@h/db\"\n[sink.kafka]\n\
+                 \"bootstrap.servers\" = \"b:9092\"\n{tables}"
+            ),
+            Vec::<(String, String)>::new(),
+        )
+        .unwrap()
+    }
+
+    fn relation(id: u32, namespace: &str, name: &str, columns: &[&str]) -> Relation {
+        Relation {
+            id,
+            namespace: namespace.into(),
+            name: name.into(),
+            columns: columns
+                .iter()
+                .map(|c| Column {
+                    name: c.to_string(),
+                    type_oid: if *c == "payload" { 3802 } else { 25 },
+                    type_modifier: -1,
+                })
+                .collect(),
+        }
+    }
+
+    const OUTBOXD: [&str; 5] = [
+        "event_id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+    ];
+    const DEBEZIUM: [&str; 5] = ["id", "aggregatetype", "aggregateid", "type", "payload"];
+
+    #[test]
+    fn each_relation_maps_to_its_tables_mapping_and_others_are_ignored() {
+        let mut o = Outboxes::new(&cfg("[[source.tables]]\nname = \"a.outbox\"\n\
+             [[source.tables]]\nname = \"b.outbox\"\ncolumns = { preset = \"debezium\" }\n"))
+        .unwrap();
+        assert!(matches!(o.lookup(1), Lookup::Unknown));
+        o.on_relation(&relation(1, "a", "outbox", &OUTBOXD))
+            .unwrap();
+        o.on_relation(&relation(2, "b", "outbox", &DEBEZIUM))
+            .unwrap();
+        o.on_relation(&relation(3, "public", "outbox", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(1), Lookup::Outbox(0, _)));
+        assert!(matches!(o.lookup(2), Lookup::Outbox(1, _)));
+        assert!(matches!(o.lookup(3), Lookup::Other));
+        assert_eq!(
+            o.labels().iter().map(|l| &**l).collect::<Vec<_>>(),
+            ["a.outbox", "b.outbox"]
+        );
+        // A table's own mapping: Debezium's columns are not outboxd's.
+        assert!(o
+            .on_relation(&relation(4, "a", "outbox", &DEBEZIUM))
+            .is_err());
+        // A listed table renamed away stops being one.
+        o.on_relation(&relation(1, "a", "outbox_old", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(1), Lookup::Other));
+    }
+
+    #[test]
+    fn records_name_their_table_only_with_several_tables() {
+        let rec = || crate::poison::record::ParkedRecord {
+            event_id: "e".into(),
+            aggregate_type: None,
+            aggregate_id: None,
+            aggregate_version: None,
+            event_type: None,
+            topic: None,
+            key: None,
+            payload: None,
+            headers: vec![],
+            timestamp_ms: None,
+        };
+        let several = Outboxes::new(&cfg(
+            "[[source.tables]]\nname = \"a.outbox\"\n[[source.tables]]\nname = \"b\"\n",
+        ))
+        .unwrap();
+        let mut r = rec();
+        several.get(1).tag_record(&mut r);
+        assert_eq!(
+            r.headers,
+            [(
+                SOURCE_TABLE_HEADER.to_string(),
+                Some("public.b".to_string())
+            )]
+        );
+        let one = Outboxes::new(&cfg("")).unwrap();
+        let mut r = rec();
+        one.get(0).tag_record(&mut r);
+        assert!(r.headers.is_empty());
+    }
+}
