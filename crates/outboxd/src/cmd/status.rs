@@ -13,20 +13,36 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     // the parking table: wait briefly for locks, then report what could not be read.
     sql.batch_execute("SET lock_timeout = '3s'").await?;
     let slot = &cfg.source.slot;
-    let s = sql
+    let host = source::SlotHost::connect(cfg).await?;
+    // Lags count from the primary's WAL end (a standby has none of its own).
+    let end: String = sql
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let s = host
+        .sql(&sql)
         .query_opt(
             "SELECT active_pid, confirmed_flush_lsn::text, \
-                    (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, \
-                    (pg_current_wal_lsn() - restart_lsn)::bigint, wal_status, safe_wal_size \
+                    ($2::text::pg_lsn - confirmed_flush_lsn)::bigint, \
+                    ($2::text::pg_lsn - restart_lsn)::bigint, wal_status, safe_wal_size \
              FROM pg_replication_slots WHERE slot_name = $1",
-            &[slot],
+            &[slot, &end],
         )
         .await?;
+    let server = match (host.is_separate(), host.in_recovery()) {
+        (false, _) => "primary",
+        (true, true) => "standby",
+        (true, false) => "replication_dsn (not in recovery)",
+    };
+    let replay_lag = crate::relay::slot_host::replay_lag(&sql, &host).await?;
     let slot_doc = match &s {
-        None => json!({"name": slot, "exists": false}),
+        None => json!({"name": slot, "exists": false, "server": server,
+                       "standby_replay_lag_bytes": replay_lag}),
         Some(r) => json!({
             "name": slot,
             "exists": true,
+            "server": server,
+            "standby_replay_lag_bytes": replay_lag,
             "active_pid": r.get::<_, Option<i32>>(0),
             "confirmed_flush_lsn": r.get::<_, Option<String>>(1),
             "lag_bytes": r.get::<_, Option<i64>>(2),
@@ -35,7 +51,8 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
             "safe_wal_size": r.get::<_, Option<i64>>(5),
         }),
     };
-    let relay = sql
+    let relay = host
+        .sql(&sql)
         .query_opt(
             "SELECT application_name, client_addr::text, state FROM pg_stat_replication \
              WHERE application_name LIKE $1 LIMIT 1",
@@ -70,7 +87,7 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     } else {
         (None, json!([]))
     };
-    let delivery = delivery_state(cfg, &sql).await?;
+    let delivery = delivery_state(cfg, &sql, &host).await?;
     let mut doc = json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "delivery_state": delivery});
     if cfg.is_multi_table() {
         doc["tables"] = tables(cfg, &sql, has_tables).await?;
@@ -119,12 +136,16 @@ async fn tables(
 }
 
 /// The relay's durable memory of the stream, and what the slot guard would decide now.
-async fn delivery_state(cfg: &Config, sql: &tokio_postgres::Client) -> Result<Value, RelayError> {
+async fn delivery_state(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    host: &source::SlotHost,
+) -> Result<Value, RelayError> {
     let state = crate::slot::state::load_if_present(sql, &cfg.source.slot).await?;
     let Some(st) = state else {
         return Ok(Value::Null);
     };
-    let slot = source::slot_state(cfg, sql).await?;
+    let slot = source::slot_state(cfg, host.sql(sql)).await?;
     let identity = crate::slot::state::identity(sql).await?;
     let verdict = match crate::slot::guard::decide(
         Some(&st),
@@ -175,6 +196,15 @@ pub fn render(v: &Value) -> String {
     let mut out = String::new();
     let mut row = |k: &str, val: String| out.push_str(&format!("{k:<28} {val}\n"));
     row("slot", g("/slot/name"));
+    row("  lives on", g("/slot/server"));
+    if v.pointer("/slot/standby_replay_lag_bytes")
+        .is_some_and(|l| !l.is_null())
+    {
+        row(
+            "  standby replay lag bytes",
+            g("/slot/standby_replay_lag_bytes"),
+        );
+    }
     row("  active walsender pid", g("/slot/active_pid"));
     row("  active relay pid", g("/active_relay/relay_pid"));
     row("  confirmed_flush_lsn", g("/slot/confirmed_flush_lsn"));

@@ -135,6 +135,13 @@ pub struct SourceConfig {
     /// A file holding the password (a mounted secret); read at start-up.
     #[serde(default)]
     pub password_file: Option<std::path::PathBuf>,
+    /// Where the replication stream and the slot live: a physical standby (Postgres 16+), so
+    /// the primary does not pay for decoding (R45). `dsn` stays the SQL connection for
+    /// outboxd's own tables and the outbox reads of recovery and replay, on the primary.
+    /// Unset: the stream and the slot live where `dsn` points. Same role, password and TLS
+    /// settings as `dsn` (a physical standby has the primary's roles).
+    #[serde(default)]
+    pub replication_dsn: Option<String>,
     #[serde(default = "d_publication")]
     pub publication: String,
     #[serde(default = "d_slot")]
@@ -450,13 +457,13 @@ impl Config {
             &cfg.source.dsn,
             cfg.source.password.as_deref(),
         );
-        if let Some(p) = cfg
-            .cleanup
-            .dsn
-            .as_deref()
-            .and_then(crate::config::secrets::dsn_password)
-        {
-            cfg.redactor.add(&p);
+        for dsn in [
+            cfg.cleanup.dsn.as_deref(),
+            cfg.source.replication_dsn.as_deref(),
+        ] {
+            if let Some(p) = dsn.and_then(crate::config::secrets::dsn_password) {
+                cfg.redactor.add(&p);
+            }
         }
         cfg.validate().map_err(|e| match e {
             ConfigError::Invalid(m) => invalid(cfg.redactor.scrub(&m)),
@@ -679,6 +686,49 @@ dsn = "postgres://u@127.0.0.1:5432/app"
             &format!("{BASE}[relay]\n{key} = {value}\n"),
             Vec::<(String, String)>::new(),
         )
+    }
+
+    #[test]
+    fn replication_dsn_is_checked_and_never_shown() {
+        let with = |dsn: &str| {
+            Config::from_toml_and_env(BASE, env(&[("OUTBOXD_SOURCE_REPLICATION_DSN", dsn)]))
+        };
+        let c = with("postgres://u:standby-secret@10.0.0.2:5432/app").unwrap();
+        assert_eq!(
+            c.source.replication_dsn.as_deref(),
+            Some("postgres://u:standby-secret@10.0.0.2:5432/app")
+        );
+        let shown = format!("{:?}", c.source);
+        assert!(shown.contains("replication_dsn"), "{shown}");
+        assert!(!shown.contains("standby-secret"), "{shown}");
+        assert!(c.redactor.scrub("x standby-secret y").contains("x "));
+        assert!(!c
+            .redactor
+            .scrub("x standby-secret y")
+            .contains("standby-secret"));
+        // The stream needs TCP: a socket directory is refused for replication_dsn, not dsn.
+        let e = with("host=/var/run/postgresql dbname=app")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("source.replication_dsn connects through the Unix socket"),
+            "{e}"
+        );
+        let e = with("postgres://u:sec ret@[bad").unwrap_err().to_string();
+        assert!(
+            e.contains("source.replication_dsn is not a valid Postgres DSN"),
+            "{e}"
+        );
+        assert!(!e.contains("sec ret"), "{e}");
+        let unix_dsn = BASE.replace(
+            "postgres://u@127.0.0.1:5432/app",
+            "host=/var/run/postgresql dbname=app",
+        );
+        let c = Config::from_toml_and_env(
+            &unix_dsn,
+            env(&[("OUTBOXD_SOURCE_REPLICATION_DSN", "host=10.0.0.2 dbname=app")]),
+        );
+        assert!(c.is_ok(), "SQL over a socket, the stream over TCP: {c:?}");
     }
 
     #[test]

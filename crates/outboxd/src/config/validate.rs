@@ -72,13 +72,21 @@ impl Config {
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.source;
-        let dsn = tokio_postgres::Config::from_str(&s.dsn)
-            .map_err(|e| invalid(format!("source.dsn is not a valid Postgres DSN: {e}")))?;
+        // The stream opens where replication_dsn points, else where dsn does: that one needs TCP.
+        let stream_key = match &s.replication_dsn {
+            Some(r) => {
+                parse_dsn("source.dsn", &s.dsn)?;
+                (r, "source.replication_dsn")
+            }
+            None => (&s.dsn, "source.dsn"),
+        };
+        let dsn = parse_dsn(stream_key.1, stream_key.0)?;
         if let Some(tokio_postgres::config::Host::Unix(dir)) = dsn.get_hosts().first() {
             // The replication client speaks TCP only (and Postgres offers no TLS on sockets).
             return Err(invalid(format!(
-                "source.dsn connects through the Unix socket in {}: the replication stream needs \
+                "{} connects through the Unix socket in {}: the replication stream needs \
                  TCP; use host=127.0.0.1 (or the server's address)",
+                stream_key.1,
                 dir.display()
             )));
         }
@@ -240,8 +248,7 @@ impl Config {
             return Err(invalid("cleanup.max_rows_per_run must be positive"));
         }
         if let Some(dsn) = &c.dsn {
-            tokio_postgres::Config::from_str(dsn)
-                .map_err(|e| invalid(format!("cleanup.dsn is not a valid Postgres DSN: {e}")))?;
+            parse_dsn("cleanup.dsn", dsn)?;
         }
         Ok(())
     }
@@ -255,4 +262,11 @@ fn plain_ident(p: &str) -> bool {
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && p.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+}
+
+/// A DSN the relay connects with, or the reason it cannot be read (never the DSN itself: it may
+/// hold a password).
+fn parse_dsn(key: &str, dsn: &str) -> Result<tokio_postgres::Config, ConfigError> {
+    tokio_postgres::Config::from_str(dsn)
+        .map_err(|e| invalid(format!("{key} is not a valid Postgres DSN: {e}")))
 }

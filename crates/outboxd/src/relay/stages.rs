@@ -19,6 +19,7 @@ use crate::relay::lsn::PG_EPOCH_US;
 use crate::relay::outboxes::{Lookup, Outboxes};
 use crate::relay::pgoutput::{self, Message, Value};
 use crate::relay::route::Event;
+use crate::relay::slot_host::SlotHost;
 use crate::relay::source::sql_bounded;
 use crate::slot::publication;
 use pgwire_replication::ReplicationEvent;
@@ -31,6 +32,8 @@ pub struct Stages {
     /// Its changes end the session ([`publication::concerns`]).
     publication: String,
     sql: Client,
+    /// Where the slot lives (the primary, or the standby of `source.replication_dsn`).
+    host: SlotHost,
     /// The listed outbox tables, and which Relation id is which.
     outboxes: Outboxes,
     values: Vec<Value<'static>>,
@@ -54,13 +57,16 @@ impl Stages {
     pub async fn new(
         cfg: &crate::Config,
         sql: Client,
+        host: SlotHost,
         confirmed: u64,
         observed: Arc<Observed>,
         shadow: Option<crate::shadow::Tap>,
     ) -> Result<Self, RelayError> {
         let poison = PoisonHandler::new(cfg, &sql, observed.clone()).await?;
         crate::obs::status_row::ensure_table(&sql).await?;
-        Self::with(cfg, sql, confirmed, observed, poison, shadow)
+        let mut st = Self::with(cfg, sql, confirmed, observed, poison, shadow)?;
+        st.host = host;
+        Ok(st)
     }
 
     /// Stages for rows republished outside the stream ([`crate::relay::table_reader`] for a
@@ -93,6 +99,7 @@ impl Stages {
             slot: cfg.source.slot.clone(),
             publication: cfg.source.publication.clone(),
             sql,
+            host: SlotHost::primary(),
             outboxes,
             values: Vec::new(),
             topic_buf: String::new(),
@@ -118,6 +125,16 @@ impl Stages {
         &self.sql
     }
 
+    /// Where the slot lives.
+    pub fn host(&self) -> &SlotHost {
+        &self.host
+    }
+
+    /// The connection to the slot's server (the session's own when it is the primary).
+    pub fn slot_sql(&self) -> &Client {
+        self.host.sql(&self.sql)
+    }
+
     /// The slot this session streams from.
     pub fn slot(&self) -> &str {
         &self.slot
@@ -139,6 +156,8 @@ impl Stages {
         let view = View {
             slot: &self.slot,
             sql: &self.sql,
+            slot_sql: self.host.sql(&self.sql),
+            separate: self.host.is_separate(),
             in_flight: &self.in_flight,
             observed: &self.observed,
         };
