@@ -164,6 +164,7 @@ macro_rules! per_version {
 }
 
 per_version! { streams_from_the_standby:
+    standby_streams_on_postgres_16 => 16,
     standby_streams_on_postgres_17 => 17,
     standby_streams_on_postgres_18 => 18,
 }
@@ -254,6 +255,7 @@ async fn streams_from_the_standby(major: u32) -> Result<()> {
 }
 
 per_version! { promotion_mid_load:
+    standby_promoted_mid_load_on_postgres_16 => 16,
     standby_promoted_mid_load_on_postgres_17 => 17,
 }
 
@@ -328,6 +330,7 @@ async fn promotion_mid_load(major: u32) -> Result<()> {
 }
 
 per_version! { standby_slot_lost:
+    standby_slot_lost_is_recovered_on_postgres_16 => 16,
     standby_slot_lost_is_recovered_on_postgres_17 => 17,
 }
 
