@@ -369,6 +369,10 @@ async fn standby_without_feedback(major: u32) -> Result<()> {
     let w = world_with(major, &format!("sbf{major}"), "", false).await?;
     let (code, out) = outboxd_cli(&["init"], &w.config);
     assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("WARNING: hot_standby_feedback is off"),
+        "{out}"
+    );
     let (code, out) = outboxd_cli(&["check"], &w.config);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("hot_standby_feedback is off"), "{out}");

@@ -76,6 +76,10 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     // exist" (it reads publications as of each change).
     crate::slot::state::ensure_table(&sql).await?;
     let host = source::SlotHost::connect(cfg).await?;
+    // What the standby of replication_dsn lacks: refused here, or said (and streamed anyway).
+    for w in host.check(&sql).await? {
+        done.push(format!("WARNING: {w}"));
+    }
     let existing = source::slot_state(cfg, host.sql(&sql)).await?;
     match crate::slot::state::load(&sql, &cfg.source.slot).await? {
         None => {
