@@ -368,3 +368,47 @@ fn ambiguous_table_policies_are_refused_with_the_fix() -> anyhow::Result<()> {
     assert!(out.contains("ordering") || out.contains("table"), "{out}");
     Ok(())
 }
+
+/// A relay with several tables, running as the least-privilege relay role of sql/roles.sql,
+/// meets a parking guard of an earlier version (one that holds aggregates across tables) that
+/// it may not replace: it refuses to start, naming the fix, rather than fail at every release
+/// that is in order. `init` as the admin installs this version's guard and the relay runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_cannot_replace_an_earlier_guard_refuses_several_tables() -> anyhow::Result<()>
+{
+    let (env, _) = tables_env("mtp_guard", "", &tables_toml("", "")).await?;
+    let app = env.sql().await?; // the superuser: application and admin here
+    let roles = include_str!("../../sql/roles.sql");
+    let (create, grants) = roles.split_once("-- ---- 2.").expect("two blocks");
+    app.batch_execute(create).await?;
+    app.batch_execute(&format!("--{grants}")).await?;
+    app.batch_execute(
+        "GRANT USAGE ON SCHEMA billing, shipping, legacy TO outboxd_relay; \
+         GRANT SELECT ON billing.outbox, shipping.outbox, legacy.outbox TO outboxd_relay; \
+         CREATE OR REPLACE FUNCTION outbox_parked_guard() RETURNS trigger LANGUAGE plpgsql \
+           SET search_path = pg_catalog, pg_temp AS $$ BEGIN RETURN NEW; END $$;",
+    )
+    .await?;
+    let relay_cfg = || {
+        outboxd::Config::from_toml_and_env(
+            &env.toml().replace(
+                &format!("postgres:{}@", testkit::PG_PASSWORD),
+                "outboxd_relay:change-me-relay@",
+            ),
+            Vec::<(String, String)>::new(),
+        )
+    };
+    let err = Relay::start(relay_cfg()?).join().await.unwrap_err();
+    assert!(
+        err.to_string().contains("guard is of an earlier version")
+            && err.to_string().contains("outboxd init"),
+        "{err}"
+    );
+    outboxd::init(&env.config()?).await?;
+    let relay = Relay::start(relay_cfg()?);
+    let mut c = env.sql().await?;
+    let written = write_rounds(&mut c, 1, 2).await?;
+    delivered(&env, &written)?;
+    relay.shutdown().await?;
+    Ok(())
+}
