@@ -89,50 +89,59 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     };
     let delivery = delivery_state(cfg, &sql, &host).await?;
     let mut doc = json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "delivery_state": delivery});
-    if cfg.is_multi_table() {
-        doc["tables"] = tables(cfg, &sql, has_tables).await?;
+    let tables = tables(cfg, &sql, has_tables).await?;
+    if !tables.is_empty() {
+        doc["tables"] = Value::Array(tables);
     }
     Ok(doc)
 }
 
-/// With several outbox tables: each listed table, whether the publication includes it, and
-/// its open parked events (the parked ones of no listed table under `null`).
+/// Each listed table, whether the publication includes it, and its open parked events; then
+/// the open parked events of each table that is not listed (`"listed": false`: the relay
+/// releases none of them), those of no table under `null` (parked by a one-table relay, in a
+/// configuration that lists several). A one-table configuration shows this only when some of
+/// its parked events are not its table's.
 async fn tables(
     cfg: &Config,
     sql: &tokio_postgres::Client,
     has_tables: bool,
-) -> Result<Value, RelayError> {
-    let cov = crate::slot::publication::coverage(cfg, sql).await?;
+) -> Result<Vec<Value>, RelayError> {
+    use crate::config::tables::ParkedTable;
+    // Unreadable (a lock held by someone else): said under "parked"; null counts here.
     let parked = match has_tables {
-        true => crate::poison::store::open_per_table(sql, &cfg.source.slot).await?,
-        false => Vec::new(),
+        true => crate::poison::store::open_per_table(sql, &cfg.source.slot)
+            .await
+            .ok(),
+        false => Some(Vec::new()),
     };
-    let count = |label: Option<&str>| -> i64 {
-        parked
-            .iter()
-            .filter(|(t, _)| t.as_deref() == label)
-            .map(|(_, n)| n)
-            .sum()
-    };
-    let mut out: Vec<Value> = cfg
-        .tables()
+    let readable = parked.is_some();
+    let labels: Vec<String> = cfg.tables().iter().map(|t| t.label()).collect();
+    let mut listed = vec![0i64; labels.len()];
+    let mut others: std::collections::BTreeMap<Option<String>, i64> = Default::default();
+    for (t, n) in parked.iter().flatten() {
+        match ParkedTable::of(&labels, t.as_deref()) {
+            ParkedTable::Listed(i) => listed[i] += n,
+            ParkedTable::Unlisted(t) => *others.entry(Some(t.to_string())).or_default() += n,
+            ParkedTable::Unknown => *others.entry(None).or_default() += n,
+        }
+    }
+    if !cfg.is_multi_table() && others.is_empty() {
+        return Ok(Vec::new());
+    }
+    let cov = crate::slot::publication::coverage(cfg, sql).await?;
+    let mut out: Vec<Value> = labels
         .iter()
-        .map(|t| {
-            let label = t.label();
-            let published = cov.as_ref().map(|c| !c.missing.contains(&label));
-            json!({"table": label, "published": published, "open_parked": count(Some(&label))})
+        .zip(listed)
+        .map(|(label, n)| {
+            let published = cov.as_ref().map(|c| !c.missing.contains(label));
+            let n = readable.then_some(n);
+            json!({"table": label, "listed": true, "published": published, "open_parked": n})
         })
         .collect();
-    let listed: Vec<String> = cfg.tables().iter().map(|t| t.label()).collect();
-    let other: i64 = parked
-        .iter()
-        .filter(|(t, _)| t.as_ref().is_none_or(|t| !listed.contains(t)))
-        .map(|(_, n)| n)
-        .sum();
-    if other > 0 {
-        out.push(json!({"table": null, "published": null, "open_parked": other}));
+    for (table, n) in others {
+        out.push(json!({"table": table, "listed": false, "published": null, "open_parked": n}));
     }
-    Ok(Value::Array(out))
+    Ok(out)
 }
 
 /// The relay's durable memory of the stream, and what the slot guard would decide now.
@@ -277,19 +286,30 @@ pub fn render(v: &Value) -> String {
         .into_iter()
         .flatten()
     {
-        row(
-            "table",
-            format!(
+        let line = match t["listed"].as_bool() {
+            Some(false) => format!(
+                "{}: NOT LISTED, open parked {} (not released: discard them, or list the \
+                 table again; `outboxd parked list`)",
+                t["table"]
+                    .as_str()
+                    .unwrap_or("(no table: parked by a one-table relay)"),
+                t["open_parked"]
+            ),
+            _ => format!(
                 "{}: published {}, open parked {}",
-                t["table"].as_str().unwrap_or("(no listed table)"),
+                t["table"].as_str().unwrap_or("-"),
                 match t["published"].as_bool() {
                     Some(true) => "yes",
                     Some(false) => "NO",
                     None => "-",
                 },
-                t["open_parked"]
+                match &t["open_parked"] {
+                    Value::Null => "unavailable".to_string(),
+                    n => n.to_string(),
+                }
             ),
-        );
+        };
+        row("table", line);
     }
     match v.get("parked").and_then(Value::as_array) {
         Some(p) if !p.is_empty() => {

@@ -103,7 +103,7 @@ impl Default for HeartbeatConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ValidationConfig {
     /// Directory of JSON Schemas, `<dir>/<event_type>/<schema_version>.json`; unset: no validation.
@@ -503,6 +503,12 @@ impl Config {
         if let Some(topic) = t.topic {
             self.sink.topic = topic;
         }
+        if let Some(p) = t.policy {
+            self.policy = p.merged(&self.policy);
+        }
+        if let Some(v) = t.validation {
+            self.validation = v.merged(&self.validation);
+        }
     }
 
     /// Every outbox table this relay reads, overrides applied, in configuration order.
@@ -514,6 +520,8 @@ impl Config {
                 name,
                 columns: self.source.columns.clone(),
                 topic: self.sink.topic.clone(),
+                policy: self.policy.clone(),
+                validation: self.validation.clone(),
             }];
         }
         self.source
@@ -529,6 +537,14 @@ impl Config {
                         .clone()
                         .unwrap_or_else(|| self.source.columns.clone()),
                     topic: t.topic.clone().unwrap_or_else(|| self.sink.topic.clone()),
+                    policy: match &t.policy {
+                        Some(p) => p.merged(&self.policy),
+                        None => self.policy.clone(),
+                    },
+                    validation: match &t.validation {
+                        Some(v) => v.merged(&self.validation),
+                        None => self.validation.clone(),
+                    },
                 }
             })
             .collect()
@@ -566,6 +582,8 @@ impl Config {
         one.source.table = Some(t.label());
         one.source.columns = t.columns.clone();
         one.sink.topic = t.topic.clone();
+        one.policy = t.policy.clone();
+        one.validation = t.validation.clone();
         Ok(one)
     }
 
@@ -977,6 +995,125 @@ columns = { preset = "debezium" }
         .unwrap_err()
         .to_string();
         assert!(env.contains("config file"), "{env}");
+    }
+}
+
+#[cfg(test)]
+mod table_policy_tests {
+    use super::*;
+    use crate::poison::policy::{OnPoison, Ordering};
+
+    fn load(extra: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_and_env(
+            &format!(
+                "[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n\
+                 [source]\ndsn = \"postgres://u@h/db\"\n{extra}"
+            ),
+            Vec::<(String, String)>::new(),
+        )
+    }
+
+    const TWO: &str = r#"
+[policy]
+on_poison = "park"
+[policy.event_types.Ledger]
+on_poison = "halt"
+[validation]
+schema_dir = "schemas"
+[[source.tables]]
+name = "a.outbox"
+[source.tables.policy]
+ordering = "none"
+[source.tables.policy.event_types.Ledger]
+ordering = "aggregate"
+[source.tables.validation]
+schema_dir = "a-schemas"
+require_schema = true
+[[source.tables]]
+name = "b.outbox"
+"#;
+
+    #[test]
+    fn each_table_has_its_policy_and_schemas_merged_with_the_top_level() {
+        let c = load(TWO).unwrap();
+        let t = c.tables();
+        let (a, b) = (&t[0], &t[1]);
+        assert_eq!(a.policy.for_type("X").ordering, Ordering::None);
+        // A's own Ledger entry replaces the top-level one whole: on_poison from A's defaults.
+        assert_eq!(a.policy.for_type("Ledger").ordering, Ordering::Aggregate);
+        assert_eq!(a.policy.for_type("Ledger").on_poison, OnPoison::Park);
+        assert_eq!(
+            a.validation.schema_dir.as_deref(),
+            Some(std::path::Path::new("a-schemas"))
+        );
+        assert!(a.validation.require_schema);
+        // B sets nothing: the top-level policy and schemas.
+        assert_eq!(b.policy, c.policy);
+        assert_eq!(b.validation, c.validation);
+        assert_eq!(b.policy.for_type("Ledger").on_poison, OnPoison::Halt);
+        // replay's one-table view of A carries A's.
+        let one = c.for_table("a.outbox").unwrap();
+        assert_eq!(one.policy, a.policy);
+        assert_eq!(one.validation, a.validation);
+    }
+
+    #[test]
+    fn one_entry_folds_its_policy_and_schemas_like_its_columns() {
+        let c = load(
+            "[policy]\nordering = \"none\"\n[[source.tables]]\nname = \"app.events\"\n\
+             policy = { on_poison = \"halt\" }\nvalidation = { schema_dir = \"s\" }\n",
+        )
+        .unwrap();
+        assert!(!c.is_multi_table());
+        assert_eq!(c.policy.on_poison, OnPoison::Halt);
+        assert_eq!(c.policy.ordering, Ordering::None);
+        assert_eq!(
+            c.validation.schema_dir.as_deref(),
+            Some(std::path::Path::new("s"))
+        );
+        assert_eq!(c.tables()[0].policy, c.policy);
+    }
+
+    #[test]
+    fn ambiguous_or_contradictory_table_policies_are_refused_with_the_fix() {
+        let e = |t: &str| load(t).unwrap_err().to_string();
+        // A's default on_poison against the top-level Ledger entry's: which applies to Ledger?
+        let ambiguous = r#"
+[policy.event_types.Ledger]
+on_poison = "halt"
+[[source.tables]]
+name = "a.outbox"
+policy = { on_poison = "park" }
+[[source.tables]]
+name = "b.outbox"
+"#;
+        let m = e(ambiguous);
+        assert!(
+            m.contains("source.tables[0] (a.outbox)")
+                && m.contains("policy.on_poison = \"park\"")
+                && m.contains("[policy.event_types.Ledger] on_poison = \"halt\"")
+                && m.contains("[source.tables.policy.event_types.Ledger]"),
+            "{m}"
+        );
+        // Saying it for Ledger in the table settles it.
+        load(&ambiguous.replace(
+            "policy = { on_poison = \"park\" }",
+            "policy = { on_poison = \"park\", event_types = { Ledger = { on_poison = \"halt\" } } }",
+        ))
+        .unwrap();
+        // The same value is no contradiction.
+        load(&ambiguous.replace("\"park\"", "\"halt\"")).unwrap();
+        let no_dir = "[[source.tables]]\nname = \"a\"\nvalidation = { require_schema = true }\n\
+                      [[source.tables]]\nname = \"b\"\n";
+        let m = e(no_dir);
+        assert!(
+            m.contains("source.tables[0] (a)") && m.contains("schema_dir"),
+            "{m}"
+        );
+        let typo = "[[source.tables]]\nname = \"a\"\npolicy = { on_poision = \"halt\" }\n";
+        assert!(e(typo).contains("on_poision"), "{}", e(typo));
+        let bad = "[[source.tables]]\nname = \"a\"\npolicy = { ordering = \"table\" }\n";
+        assert!(e(bad).contains("table"), "{}", e(bad));
     }
 }
 

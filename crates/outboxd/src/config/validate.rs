@@ -59,6 +59,7 @@ impl Config {
                     invalid(format!("source.tables[{i}] ({}): topic: {}", t.name, e.0))
                 })?;
             }
+            self.validate_table_policy(i, t)?;
         }
         if s.tables.len() > MAX_TABLES {
             return Err(invalid(format!(
@@ -66,6 +67,39 @@ impl Config {
                  is a metric label value): split them across relays",
                 s.tables.len()
             )));
+        }
+        Ok(())
+    }
+
+    /// A table's `policy` and `validation` overrides: nothing ambiguous about which setting
+    /// applies to an event type, and no schema demanded without a directory to find it in.
+    fn validate_table_policy(
+        &self,
+        i: usize,
+        t: &super::tables::TableEntry,
+    ) -> Result<(), ConfigError> {
+        if let Some((event_type, key, ours, theirs)) =
+            t.policy.as_ref().and_then(|p| p.conflicts(&self.policy))
+        {
+            return Err(invalid(format!(
+                "source.tables[{i}] ({}): policy.{key} = {ours:?} contradicts \
+                 [policy.event_types.{event_type}] {key} = {theirs:?}, and nothing says which \
+                 applies to {event_type} events of this table: add \
+                 [source.tables.policy.event_types.{event_type}] with the {key} this table \
+                 wants (a table's entry replaces the top-level one; see docs/configuration.md, \
+                 \"Several outbox tables\")",
+                t.name
+            )));
+        }
+        if let Some(v) = &t.validation {
+            if v.require_schema == Some(true) && v.merged(&self.validation).schema_dir.is_none() {
+                return Err(invalid(format!(
+                    "source.tables[{i}] ({}): validation.require_schema = true but neither the \
+                     table nor [validation] sets schema_dir: set the directory its schemas are \
+                     in (validation = {{ schema_dir = \"…\", require_schema = true }})",
+                    t.name
+                )));
+            }
         }
         Ok(())
     }

@@ -12,7 +12,6 @@ use crate::obs::watch::{View, Watch};
 use crate::obs::Observed;
 use crate::poison::handler::PoisonHandler;
 use crate::poison::store::ParkedRecord;
-use crate::poison::validate::Validator;
 use crate::relay::in_flight::InFlight;
 use crate::relay::kafka::{Ack, Origin, Producer, Verdict};
 use crate::relay::lsn::PG_EPOCH_US;
@@ -39,7 +38,6 @@ pub struct Stages {
     values: Vec<Value<'static>>,
     topic_buf: String,
     ignored: u64,
-    validator: Option<Validator>,
     in_flight: InFlight,
     poison: PoisonHandler,
     watch: Watch,
@@ -104,7 +102,6 @@ impl Stages {
             values: Vec::new(),
             topic_buf: String::new(),
             ignored: 0,
-            validator: Validator::from_config(&cfg.validation),
             in_flight,
             poison,
             watch: Watch::new(cfg),
@@ -334,9 +331,10 @@ impl Stages {
             return self.park(rec, "invalid_event", msg).await;
         }
         // No aggregate (a NULL aggregate id, Debezium preset): nothing to wait behind.
-        let blocked_by = event
-            .aggregate_id
-            .and_then(|id| self.poison.blocked_by(event_type, event.aggregate_type, id));
+        let blocked_by = event.aggregate_id.and_then(|id| {
+            self.poison
+                .blocked_by(event_type, table, event.aggregate_type, id)
+        });
         if let Some(head) = blocked_by {
             let rec = self.record_of(table, &event);
             return self.poison.hold(&self.sql, &rec, &head).await;
@@ -347,12 +345,12 @@ impl Stages {
                 return self.park(rec, e.class(), &e.to_string()).await;
             }
         }
-        if let (Some(v), false) = (self.validator.as_mut(), event.tombstone) {
-            if let Err(msg) = v.check(
-                event_type,
-                event.schema_version.unwrap_or("1"),
-                event.payload,
-            ) {
+        if !event.tombstone {
+            let version = event.schema_version.unwrap_or("1");
+            let checked = self
+                .poison
+                .check_schema(table, event_type, version, event.payload);
+            if let Err(msg) = checked {
                 let rec = self.record_of(table, &event);
                 return self.park(rec, "schema_invalid", &msg).await;
             }
