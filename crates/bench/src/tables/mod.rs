@@ -39,10 +39,12 @@ pub struct Opts {
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Events/s of the paced live load, spread over the N tables (0: backlog only).
-    #[arg(long, default_value_t = 10_000.0)]
+    #[arg(long, default_value_t = 5_000.0)]
     pub live_rate: f64,
-    /// Seconds of the live load.
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds of the live load. Longer than the 15 s between the running-transactions
+    /// records that let a slot's `restart_lsn` move, so the WAL held at the end is a steady
+    /// state, not everything since the slot was made.
+    #[arg(long, default_value_t = 20.0)]
     pub live_secs: f64,
     /// Writer connections of the live load.
     #[arg(long, default_value_t = 4)]
