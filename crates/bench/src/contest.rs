@@ -98,6 +98,8 @@ pub struct RelaySource {
     pub slot: String,
     pub publication: String,
     pub tables: Vec<String>,
+    /// Each listed table's topic template (`[[source.tables]] topic`), with several tables.
+    pub topics: Vec<String>,
     /// `create_slot = false`: the bench (or `outboxd init`) made the slot.
     pub slot_exists: bool,
 }
@@ -110,6 +112,7 @@ impl RelaySource {
             slot: slot.to_string(),
             publication: PUBLICATION.to_string(),
             tables: vec![],
+            topics: vec![],
             slot_exists: true,
         }
     }
@@ -135,7 +138,13 @@ pub fn relay_toml(
         ts => (
             String::new(),
             ts.iter()
-                .map(|t| format!("[[source.tables]]\nname = \"{t}\"\n"))
+                .enumerate()
+                .map(|(i, t)| match src.topics.get(i) {
+                    Some(topic) => {
+                        format!("[[source.tables]]\nname = \"{t}\"\ntopic = \"{topic}\"\n")
+                    }
+                    None => format!("[[source.tables]]\nname = \"{t}\"\n"),
+                })
                 .collect(),
         ),
     };

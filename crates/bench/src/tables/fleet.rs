@@ -57,8 +57,9 @@ pub struct Spec {
     config: PathBuf,
 }
 
-/// Writes the configs of `mode` over `n` tables (slots named after `tag`, records to `topic`)
-/// and runs `outboxd init` on each: it creates the tables, the publication and the slot, as
+/// Writes the configs of `mode` over `n` tables (slots named after `tag`, table i's records to
+/// the topic template `topic(i)`, as services with their own topics) and runs `outboxd init`
+/// on each: it creates the tables, the publication and the slot, as
 /// for an operator. Slots exist from here on, so every later row is in their future.
 pub async fn prepare(
     w: &World,
@@ -66,7 +67,7 @@ pub async fn prepare(
     n: usize,
     mode: Mode,
     tag: &str,
-    topic: &str,
+    topic: impl Fn(usize) -> String,
 ) -> Result<Vec<Spec>> {
     let all = tables(n);
     let sources: Vec<RelaySource> = match mode {
@@ -74,6 +75,7 @@ pub async fn prepare(
             slot: format!("{tag}_{}", mode.tag()),
             publication: format!("mt_pub_n{n}"),
             tables: all.clone(),
+            topics: (1..=n).map(&topic).collect(),
             slot_exists: false,
         }],
         Mode::RelayPerTable => (1..=n)
@@ -81,6 +83,7 @@ pub async fn prepare(
                 slot: format!("{tag}_{}{i}", mode.tag()),
                 publication: format!("mt_pub_t{i}"),
                 tables: vec![all[i - 1].clone()],
+                topics: vec![topic(i)],
                 slot_exists: false,
             })
             .collect(),
@@ -91,7 +94,8 @@ pub async fn prepare(
         let config = w.dir.path().join(format!("{}.toml", src.slot));
         std::fs::write(
             &config,
-            contest::relay_toml(w, &sink, &src, topic, fc.status_ms),
+            // With one table its topic is `[sink] topic`; with several each entry names its own.
+            contest::relay_toml(w, &sink, &src, &src.topics[0], fc.status_ms),
         )?;
         let out = tokio::process::Command::new(&fc.relay_bin)
             .arg("init")

@@ -7,14 +7,15 @@
 //! up and paused; one backlog is loaded (transaction j into table j mod N), so both drain the
 //! very same rows; each is then resumed in turn (the order alternates between runs) and timed
 //! until every one of its slots confirmed the end. Then each arrangement gets a paced live load
-//! on fresh slots, measured until every slot confirmed the last commit. Every run's topic is
-//! read back: every event must be there.
+//! on fresh slots, measured until every slot confirmed the last commit. Each table has its own
+//! topics (as services do; no two relays share a partition); every run's topics are read back:
+//! every event must be there.
 
 pub mod fleet;
 pub mod report;
 
 use crate::bench::{log, sibling, verify_timeout, WARM_ROWS};
-use crate::verify::{verify_topic, Verified};
+use crate::verify::{verify_topics, Verified};
 use crate::world::{RowOpts, Shape, World, AGG_TYPE};
 use anyhow::{bail, Result};
 use fleet::{Fleet, FleetCfg, Mode};
@@ -78,13 +79,20 @@ fn order(r: usize) -> [Mode; 2] {
     }
 }
 
-fn topic(n: usize, r: usize, phase: &str, mode: Mode) -> String {
-    format!("mt.n{n}.r{r}.{phase}.{mode:?}.{AGG_TYPE}").to_lowercase()
+/// Table i's topic in one phase of one arrangement: each table has its own (no two relays
+/// ever share a partition).
+fn topic(n: usize, r: usize, phase: &str, mode: Mode, i: usize) -> String {
+    format!("mt.n{n}.r{r}.{phase}.{mode:?}.t{i}.{AGG_TYPE}").to_lowercase()
 }
 
-/// The `[sink] topic` template of `topic`: every relay of an arrangement writes to one topic.
-fn template(n: usize, r: usize, phase: &str, mode: Mode) -> String {
-    topic(n, r, phase, mode).replace(AGG_TYPE, "{aggregate_type}")
+/// Every table's topic of one phase of one arrangement.
+fn topics(n: usize, r: usize, phase: &str, mode: Mode) -> Vec<String> {
+    (1..=n).map(|i| topic(n, r, phase, mode, i)).collect()
+}
+
+/// The topic template of table i (`[sink] topic` or its `[[source.tables]] topic`).
+fn template(n: usize, r: usize, phase: &'static str, mode: Mode) -> impl Fn(usize) -> String {
+    move |i| topic(n, r, phase, mode, i).replace(AGG_TYPE, "{aggregate_type}")
 }
 
 pub async fn run(o: Opts, command: String) -> Result<TablesReport> {
@@ -148,11 +156,11 @@ async fn backlog(
     let modes = order(r);
     let mut specs = vec![];
     for mode in modes {
-        let t = topic(n, r, "backlog", mode);
-        w.create_topics(&[t], o.rows.partitions).await?;
+        w.create_topics(&topics(n, r, "backlog", mode), o.rows.partitions)
+            .await?;
         let tag = format!("mt_n{n}_r{r}");
         let tpl = template(n, r, "backlog", mode);
-        specs.push(fleet::prepare(w, fc, n, mode, &tag, &tpl).await?);
+        specs.push(fleet::prepare(w, fc, n, mode, &tag, tpl).await?);
     }
     let (warm_first, warm_lsn) = w.load_into(&tables, WARM_ROWS, o.shape()).await?;
     let mut fleets = vec![];
@@ -171,7 +179,7 @@ async fn backlog(
         let m = f.drain(w, end_lsn, o.events).await?;
         f.stop(w).await?;
         let total = o.events + WARM_ROWS as u64;
-        let v = verified(w, &topic(n, r, "backlog", mode), warm_first, total, true)?;
+        let v = verified(w, &topics(n, r, "backlog", mode), warm_first, total, true)?;
         let run = ModeRun {
             tables: n,
             mode,
@@ -199,11 +207,10 @@ async fn live(
     mode: Mode,
 ) -> Result<ModeRun> {
     let tables = fleet::tables(n);
-    let t = topic(n, r, "live", mode);
-    w.create_topics(std::slice::from_ref(&t), o.rows.partitions)
-        .await?;
+    let t = topics(n, r, "live", mode);
+    w.create_topics(&t, o.rows.partitions).await?;
     let tag = format!("mt_n{n}_r{r}_live");
-    let specs = fleet::prepare(w, fc, n, mode, &tag, &template(n, r, "live", mode)).await?;
+    let specs = fleet::prepare(w, fc, n, mode, &tag, template(n, r, "live", mode)).await?;
     let (warm_first, warm_lsn) = w.load_into(&tables, WARM_ROWS, o.shape()).await?;
     let f = Fleet::start(w, fc, &specs, warm_lsn).await?;
     let relays = f.relays();
@@ -229,12 +236,13 @@ async fn live(
     Ok(run)
 }
 
-/// Reads `topic` back: versions `first..first+n` all there (and, with `ordered`, each
+/// Reads `topics` back: versions `first..first+n` all there (and, with `ordered`, each
 /// aggregate's in commit order), else the run fails.
-fn verified(w: &World, topic: &str, first: i64, n: u64, ordered: bool) -> Result<Verified> {
-    let v = verify_topic(&w.bootstrap(), topic, first, n, verify_timeout(n))?;
+fn verified(w: &World, topics: &[String], first: i64, n: u64, ordered: bool) -> Result<Verified> {
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let v = verify_topics(&w.bootstrap(), &names, first, n, verify_timeout(n))?;
     if v.distinct != v.expected || (ordered && !v.ok()) {
-        bail!("{topic} failed verification: {v:?}");
+        bail!("{} failed verification: {v:?}", names.join(", "));
     }
     Ok(v)
 }
