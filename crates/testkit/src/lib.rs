@@ -9,7 +9,8 @@
 //! - [`Broker`]: a tansu Kafka-protocol broker on a free port (memory storage) that can be
 //!   killed and restarted on the same port.
 //! - [`kafka::assign_all`]: a consumer assigned every partition of a topic, from the beginning
-//!   or the end, without a group join (the tests' and the benchmark's readers).
+//!   or the end, without a group join (the tests' and the benchmark's readers);
+//!   [`kafka::assign_all_of`] the same over several topics at once.
 //! - [`free_port`], [`tansu_bin`], [`pg_bin_dir`], [`pg_bin_dir_for`], [`pg_isready_bin`]:
 //!   locating things.
 //!
