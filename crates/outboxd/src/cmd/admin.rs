@@ -41,6 +41,7 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     // is extended to cover every listed table.
     done.extend(crate::slot::publication::extend(cfg, &sql).await?);
     done.push(crate::slot::publication::install_guard(&sql).await?);
+    done.extend(crate::slot::join::install(cfg, &sql).await?);
     // outboxd's own tables go to source.relay_schema (the connection's search_path).
     let schema_exists: bool = sql
         .query_one(
@@ -460,9 +461,23 @@ async fn coverage(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLin
         )
     } else {
         let n = cfg.tables().len();
+        let found: Vec<String> = cfg
+            .tables()
+            .iter()
+            .filter(|t| t.discovered.is_some())
+            .map(|t| t.label())
+            .collect();
+        let found = match found.is_empty() {
+            true => String::new(),
+            false => format!(
+                " ({} matched by pattern: {})",
+                found.len(),
+                found.join(", ")
+            ),
+        };
         CheckLine::ok(
             WHAT,
-            format!("publication {p} covers the {n} listed table(s)"),
+            format!("publication {p} covers the {n} listed table(s){found}"),
         )
     })
 }

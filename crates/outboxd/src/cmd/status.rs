@@ -78,8 +78,9 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     Ok(doc)
 }
 
-/// With several outbox tables: each listed table, whether the publication includes it, and
-/// its open parked events (the parked ones of no listed table under `null`).
+/// With several outbox tables: each listed table and each table a pattern matches (with the
+/// pattern), whether the publication includes it (a matched one outside it waits to join),
+/// and its open parked events (the parked ones of no listed table under `null`).
 async fn tables(
     cfg: &Config,
     sql: &tokio_postgres::Client,
@@ -103,9 +104,15 @@ async fn tables(
         .map(|t| {
             let label = t.label();
             let published = cov.as_ref().map(|c| !c.missing.contains(&label));
-            json!({"table": label, "published": published, "open_parked": count(Some(&label))})
+            json!({"table": label, "pattern": t.discovered, "published": published, "open_parked": count(Some(&label))})
         })
         .collect();
+    // Tables a pattern matches that have not joined the publication: not relayed yet.
+    for f in crate::slot::join::discover(cfg, sql).await? {
+        let label = format!("{}.{}", f.schema, f.table);
+        let pattern = cfg.source.tables[f.entry].pattern.clone();
+        out.push(json!({"table": label, "pattern": pattern, "published": false, "open_parked": count(Some(&label))}));
+    }
     let listed: Vec<String> = cfg.tables().iter().map(|t| t.label()).collect();
     let other: i64 = parked
         .iter()
@@ -250,8 +257,12 @@ pub fn render(v: &Value) -> String {
         row(
             "table",
             format!(
-                "{}: published {}, open parked {}",
+                "{}{}: published {}, open parked {}",
                 t["table"].as_str().unwrap_or("(no listed table)"),
+                match t["pattern"].as_str() {
+                    Some(p) => format!(" (pattern {p})"),
+                    None => String::new(),
+                },
                 match t["published"].as_bool() {
                     Some(true) => "yes",
                     Some(false) => "NO",

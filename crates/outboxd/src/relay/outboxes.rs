@@ -63,6 +63,9 @@ pub enum Lookup<'a> {
 /// See the module docs. One per session.
 pub struct Outboxes {
     tables: Vec<Outbox>,
+    /// `[[source.tables]]` patterns: a table they match that is not among `tables` joined
+    /// while the session streamed ([`crate::slot::join`]).
+    patterns: Vec<crate::config::tables::Pattern>,
     by_rel: HashMap<u32, (usize, RowMapping)>,
     others: HashSet<u32>,
 }
@@ -86,6 +89,7 @@ impl Outboxes {
             .collect::<Result<Vec<_>, RelayError>>()?;
         Ok(Self {
             tables,
+            patterns: cfg.patterns().into_iter().map(|(_, p)| p).collect(),
             by_rel: HashMap::new(),
             others: HashSet::new(),
         })
@@ -93,7 +97,8 @@ impl Outboxes {
 
     /// A Relation message: a listed table's columns resolved against its mapping (Err when a
     /// required column is missing), anything else remembered as not ours. A listed table
-    /// renamed away stops being one.
+    /// renamed away stops being one. A table a pattern matches that the session does not read
+    /// joined the publication since it started: Err([`RelayError::TableJoined`]).
     pub fn on_relation(&mut self, rel: &Relation) -> Result<(), RelayError> {
         let listed = self
             .tables
@@ -113,6 +118,16 @@ impl Outboxes {
                 }
                 self.by_rel.insert(rel.id, (i, mapping));
                 self.others.remove(&rel.id);
+            }
+            None if self
+                .patterns
+                .iter()
+                .any(|p| p.matches(&rel.namespace, &rel.name)) =>
+            {
+                return Err(RelayError::TableJoined(format!(
+                    "{}.{}",
+                    rel.namespace, rel.name
+                )));
             }
             None => {
                 self.by_rel.remove(&rel.id);
@@ -209,6 +224,25 @@ mod tests {
         o.on_relation(&relation(1, "a", "outbox_old", &OUTBOXD))
             .unwrap();
         assert!(matches!(o.lookup(1), Lookup::Other));
+    }
+
+    #[test]
+    fn a_table_a_pattern_matches_that_the_session_does_not_read_ends_it() {
+        let base = cfg("[[source.tables]]\npattern = \"tenant_%.outbox\"\n");
+        let c = base.with_discovered(&[("tenant_a".into(), "outbox".into(), 0)]);
+        let mut o = Outboxes::new(&c).unwrap();
+        o.on_relation(&relation(1, "tenant_a", "outbox", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(1), Lookup::Outbox(0, _)));
+        let e = o
+            .on_relation(&relation(2, "tenant_b", "outbox", &OUTBOXD))
+            .unwrap_err();
+        assert!(matches!(e, RelayError::TableJoined(ref t) if t == "tenant_b.outbox"));
+        o.on_relation(&relation(3, "other", "outbox", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(3), Lookup::Other));
+        // A pattern's records always name their table, however many it matches now.
+        assert!(c.tags_records());
     }
 
     #[test]

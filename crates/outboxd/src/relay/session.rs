@@ -60,6 +60,9 @@ pub async fn run_session_as(
     shadow: Option<&crate::shadow::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     let sql = source::sql_connect(cfg).await?;
+    // The tables the patterns match now join this session's list (crate::slot::join).
+    let resolved = crate::slot::join::resolve(cfg, &sql).await?;
+    let cfg = &resolved;
     // A gap the publication left is owed and the table is still out of it: wait for it to be
     // back (recovering now would start the new slot inside the change).
     if publication_owed(cfg, &sql).await && !publication::covered(cfg, &sql).await? {
@@ -158,14 +161,23 @@ pub async fn run_session_as(
     let (producer, mut acks) =
         Producer::for_session(cfg, observed.clone(), &identity.system_id, st.sql()).await?;
     let mut repl = match recovery {
-        None => source::start_stream(cfg, start, status_interval).await?,
+        None => {
+            if mode == Mode::Stream
+                && !join_up(cfg, &mut st, &producer, &mut acks, shutdown, start).await?
+            {
+                return Ok(SessionEnd::Shutdown);
+            }
+            source::start_stream(cfg, start, status_interval).await?
+        }
         Some(p) => {
             let Some((gated, start)) =
                 recovery::publish(cfg, p, &mut st, &producer, &mut acks, shutdown).await?
             else {
                 return Ok(SessionEnd::Shutdown);
             };
-            if mode != Mode::Stream {
+            if mode != Mode::Stream
+                || !join_up(cfg, &mut st, &producer, &mut acks, shutdown, start).await?
+            {
                 return Ok(SessionEnd::Shutdown);
             }
             match gated {
@@ -428,6 +440,25 @@ async fn publication_owed(cfg: &Config, sql: &tokio_postgres::Client) -> bool {
         Ok(Some(st)) if st.recovering_xid.is_some()
             && st.recovery_reason.as_deref().is_some_and(|r| r.starts_with(publication::REASON))
     )
+}
+
+/// Tables that joined the publication since the last session: their earlier rows go out
+/// before the stream (crate::slot::join). `false`: shutdown came first.
+async fn join_up(
+    cfg: &Config,
+    st: &mut Stages,
+    producer: &crate::relay::kafka::Producer,
+    acks: &mut tokio::sync::mpsc::UnboundedReceiver<crate::relay::kafka::Ack>,
+    shutdown: &mut watch::Receiver<bool>,
+    start: u64,
+) -> Result<bool, RelayError> {
+    let mut out = crate::slot::join::Out {
+        st,
+        producer,
+        acks,
+        shutdown,
+    };
+    crate::slot::join::catch_up(cfg, &mut out, start).await
 }
 
 /// Zero series, so rates and alerts on them work before the first loss.

@@ -107,9 +107,10 @@ pub async fn guard_installed(sql: &Client) -> Result<bool, RelayError> {
 async fn has_xid_columns(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
         .query_one(
-            "SELECT count(*) = 2 FROM pg_attribute \
+            "SELECT count(*) = 3 FROM pg_attribute \
              WHERE attrelid = to_regclass('outboxd_slot_state') \
-               AND attname IN ('delivered_xid', 'recovering_xid') AND NOT attisdropped",
+               AND attname IN ('delivered_xid', 'recovering_xid', 'joined_tables') \
+               AND NOT attisdropped",
             &[],
         )
         .await?
@@ -326,6 +327,31 @@ pub async fn finish_recovery(
             &events,
             &xid.map(|x| x.to_string()),
         ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The tables (oids) whose rows from before they joined the publication are taken care of
+/// ([`crate::slot::join`]). `Ok(None)`: not recorded yet (a NULL column, or no row). Err when
+/// the column is missing (a table this role could not upgrade: `outboxd init` adds it).
+pub async fn joined(sql: &Client, slot: &str) -> Result<Option<Vec<u32>>, RelayError> {
+    let r = sql
+        .query_opt(
+            "SELECT joined_tables FROM outboxd_slot_state WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(r.and_then(|r| r.get::<_, Option<Vec<u32>>>(0)))
+}
+
+/// Adds `oids` to [`joined`] (the first call records the tables published then).
+pub async fn add_joined(sql: &Client, slot: &str, oids: &[u32]) -> Result<(), RelayError> {
+    sql.execute(
+        "UPDATE outboxd_slot_state SET joined_tables = ARRAY(SELECT DISTINCT unnest( \
+             COALESCE(joined_tables, '{}'::oid[]) || $2::oid[]) ORDER BY 1), updated_at = now() \
+         WHERE slot_name = $1",
+        &[&slot, &oids],
     )
     .await?;
     Ok(())
