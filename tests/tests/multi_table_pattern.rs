@@ -151,13 +151,18 @@ async fn a_tenant_created_while_running_is_relayed_once_from_its_first_row() -> 
         out.contains("tenant_a.outbox") && out.contains("tenant_b.outbox"),
         "{out}"
     );
+    assert!(
+        out.contains("2 table(s) matched and published; event trigger outboxd_join_outbox_pub"),
+        "{out}"
+    );
     relay.shutdown().await?;
     Ok(())
 }
 
 /// A table that held rows before it matched and joined: a schema renamed into the pattern
-/// (no trigger fires for that), then added to the publication by hand while a writer's
-/// transaction straddles the addition (one row before it, one after, commit after). pgoutput
+/// (no trigger fires for that), then added to the publication (by hand, or by the running
+/// relay) while a writer's transaction straddles the addition (one row before it, one after,
+/// commit after). pgoutput
 /// streams only the row after; the relay republishes every row the table held — the
 /// straddler's first row included — before it streams the table, so nothing is lost and the
 /// first copies are in order.
@@ -173,14 +178,22 @@ async fn a_table_that_held_rows_before_it_joined_has_them_republished() -> anyho
 
     c.batch_execute(&tenant_sql("staging_c")).await?;
     let mut ids = insert(&c, "staging_c.outbox", "C", 1, 4).await?;
-    c.batch_execute("ALTER SCHEMA staging_c RENAME TO tenant_c")
-        .await?;
     let mut w = env.sql().await?;
     let straddler = w.transaction().await?;
-    ids.extend(insert(&straddler, "tenant_c.outbox", "C", 5, 1).await?);
-    c.batch_execute("ALTER PUBLICATION outbox_pub ADD TABLE tenant_c.outbox")
+    ids.extend(insert(&straddler, "staging_c.outbox", "C", 5, 1).await?);
+    c.batch_execute("ALTER SCHEMA staging_c RENAME TO tenant_c")
         .await?;
+    // By hand, unless the running relay (a superuser here) was quicker.
+    if let Err(e) = c
+        .batch_execute("ALTER PUBLICATION outbox_pub ADD TABLE tenant_c.outbox")
+        .await
+    {
+        assert!(e.to_string().contains("already member"), "{e}");
+    }
     ids.extend(insert(&straddler, "tenant_c.outbox", "C", 6, 1).await?);
+    // Open while the relay notices the table (each state write) and catches up: its snapshot
+    // must wait for this writer, or row 5 is neither in it nor in the stream.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     straddler.commit().await?;
     ids.extend(insert(&c, "tenant_c.outbox", "C", 7, 3).await?);
     let copies = delivered(&env, "tenants.tenant_c", "tenant_c.outbox", &ids)?;
@@ -242,6 +255,37 @@ async fn a_listed_table_that_joins_later_has_its_earlier_rows_republished() -> a
     let relay = Relay::start(env.config()?);
     ids.extend(insert(&c, "billing.outbox", "B", 4, 2).await?);
     delivered(&env, "billing.events", "billing.outbox", &ids)?;
+    relay.shutdown().await?;
+    Ok(())
+}
+
+/// Without the event trigger's help (a schema renamed into the pattern fires none) and with no
+/// row written after: the running relay notices the matching table within a state interval,
+/// adds it to the publication (its role may, here) and republishes what it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_matching_table_outside_the_publication_is_added_by_the_running_relay(
+) -> anyhow::Result<()> {
+    let env = pattern_env("pattern_added", &["tenant_d"]).await?;
+    let c = env.sql().await?;
+    outboxd::init(&env.config()?).await?;
+    let relay = Relay::start(env.config()?);
+    env.deliver("warmup", 1, &env.dir.path().join("log"))
+        .await?;
+    c.batch_execute(&tenant_sql("staging_d")).await?;
+    let ids = insert(&c, "staging_d.outbox", "D", 1, 4).await?;
+    c.batch_execute("ALTER SCHEMA staging_d RENAME TO tenant_d")
+        .await?;
+    let copies = delivered(&env, "tenants.tenant_d", "tenant_d.outbox", &ids)?;
+    assert!(copies.values().all(|n| *n == 1), "{copies:?}");
+    let published: bool = c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = 'outbox_pub' \
+             AND schemaname = 'tenant_d')",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(published);
     relay.shutdown().await?;
     Ok(())
 }

@@ -221,6 +221,8 @@ pub async fn run_session_as(
         probe: Some(sql_bounded(XidProbe::take(st.sql())).await?),
     };
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    // Tables a pattern matches that this role could not add to the publication (said once).
+    let mut refused = Vec::new();
     let mut stream = Gulp::new(&mut repl, Duration::from_millis(cfg.relay.read_linger_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -266,6 +268,10 @@ pub async fn run_session_as(
                                 "the outbox table is not in the publication (or it publishes no \
                                  inserts)".into(),
                             ));
+                        }
+                        let new = crate::slot::join::newcomer(cfg, st.sql(), &mut refused);
+                        if let Some(t) = sql_bounded(new).await? {
+                            return Err(RelayError::TableJoined(t));
                         }
                         saved = save_state(cfg, &st, &identity, holder.walsender(), saved).await?;
                         if saved.probe.is_none() {

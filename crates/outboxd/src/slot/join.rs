@@ -165,6 +165,37 @@ pub async fn resolve(cfg: &Config, sql: &Client) -> Result<Config, RelayError> {
     Ok(resolved)
 }
 
+/// While a session streams (with every state write): a table a pattern matches that the
+/// session does not read, in the publication already (a Relation message may be far ahead in
+/// the stream, or never come when the table gets no row) or added now when this role may.
+/// `refused`: the tables this session could not add (said once each).
+pub async fn newcomer(
+    cfg: &Config,
+    sql: &Client,
+    refused: &mut Vec<String>,
+) -> Result<Option<String>, RelayError> {
+    if !cfg.has_patterns() {
+        return Ok(None);
+    }
+    for f in discover(cfg, sql).await? {
+        let label = format!("{}.{}", f.schema, f.table);
+        if f.published {
+            return Ok(Some(label));
+        }
+        if refused.contains(&label) {
+            continue;
+        }
+        match publication::add_table(cfg, sql, &f.schema, &f.table).await {
+            Ok(()) => return Ok(Some(label)),
+            Err(e) => {
+                tracing::warn!(table = %label, error = %RelayError::from(e), "a table the pattern matches is not in the publication and this role cannot add it: not relayed until it is added (outboxd init, or ALTER PUBLICATION … ADD TABLE)");
+                refused.push(label);
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// For the commands that read the tables (`status`, `check`, `cleanup`, `replay`, `parked`):
 /// the configuration with the tables the patterns match now that are in the publication (what
 /// a session would read), adding none. Unchanged without patterns, or when the catalog cannot
