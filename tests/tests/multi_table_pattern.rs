@@ -289,3 +289,53 @@ async fn a_matching_table_outside_the_publication_is_added_by_the_running_relay(
     relay.shutdown().await?;
     Ok(())
 }
+
+/// A tenant dropped (`DROP SCHEMA … CASCADE`): rows it committed that the stream still holds are
+/// relayed through the pattern's mapping (the table left the publication with the drop), the
+/// relay does not restart in a loop on its Relation message, and a drop while streaming is no
+/// publication change (no slot replacement, no recovery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_tenant_keeps_its_streamed_rows_and_costs_no_recovery() -> anyhow::Result<()> {
+    let env = pattern_env("pattern_drop", &["tenant_a", "tenant_e", "tenant_f"]).await?;
+    let c = env.sql().await?;
+    c.batch_execute(&tenant_sql("tenant_a")).await?;
+    c.batch_execute(&tenant_sql("tenant_e")).await?;
+    outboxd::init(&env.config()?).await?;
+    let relay = Relay::start(env.config()?);
+    let mut a = insert(&c, "tenant_a.outbox", "A", 1, 2).await?;
+    delivered(&env, "tenants.tenant_a", "tenant_a.outbox", &a)?;
+    relay.shutdown().await?;
+
+    // Written while the relay is down, then the tenant is dropped.
+    let e = insert(&c, "tenant_e.outbox", "E", 1, 3).await?;
+    c.batch_execute("DROP SCHEMA tenant_e CASCADE").await?;
+    a.extend(insert(&c, "tenant_a.outbox", "A", 3, 2).await?);
+    let relay = Relay::start(env.config()?);
+    delivered(&env, "tenants.tenant_e", "tenant_e.outbox", &e)?;
+    delivered(&env, "tenants.tenant_a", "tenant_a.outbox", &a)?;
+
+    // Created and dropped while the relay streams.
+    c.batch_execute(&tenant_sql("tenant_f")).await?;
+    let f = insert(&c, "tenant_f.outbox", "F", 1, 2).await?;
+    delivered(&env, "tenants.tenant_f", "tenant_f.outbox", &f)?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.batch_execute("DROP SCHEMA tenant_f CASCADE").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a.extend(insert(&c, "tenant_a.outbox", "A", 5, 2).await?);
+    let copies = delivered(&env, "tenants.tenant_a", "tenant_a.outbox", &a)?;
+    assert!(
+        a[4..].iter().all(|id| copies[&id.to_string()] == 1),
+        "{copies:?}"
+    );
+    let recoveries: i64 = c
+        .query_one(
+            "SELECT recoveries FROM outboxd_slot_state WHERE slot_name = $1",
+            &[&env.slot],
+        )
+        .await?
+        .get(0);
+    assert_eq!(recoveries, 0, "a dropped tenant is no publication change");
+    assert!(!relay.is_finished(), "the relay kept running");
+    relay.shutdown().await?;
+    Ok(())
+}

@@ -119,7 +119,13 @@ impl PoisonHandler {
     /// (`park`) rather than a tombstone?
     pub fn parks_null_payload(&self, event_type: &str, table: usize) -> bool {
         self.policy
-            .null_payload(event_type, self.routes[table].null_default)
+            // A table adopted mid-session (crate::relay::outboxes) has no route: park.
+            .null_payload(
+                event_type,
+                self.routes
+                    .get(table)
+                    .map_or(NullPayload::Park, |r| r.null_default),
+            )
             == NullPayload::Park
     }
 

@@ -6,7 +6,7 @@
 //! listed table's Relation is resolved against that table's mapping; other published tables'
 //! changes are counted and ignored.
 
-use crate::config::tables::SOURCE_TABLE_HEADER;
+use crate::config::tables::{Pattern, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::pgoutput::Relation;
@@ -63,9 +63,11 @@ pub enum Lookup<'a> {
 /// See the module docs. One per session.
 pub struct Outboxes {
     tables: Vec<Outbox>,
-    /// `[[source.tables]]` patterns: a table they match that is not among `tables` joined
-    /// while the session streamed ([`crate::slot::join`]).
-    patterns: Vec<crate::config::tables::Pattern>,
+    /// `[[source.tables]]` patterns, each with its mapping and raw topic template: a table they
+    /// match that is not among `tables` joined while the session streamed
+    /// ([`crate::slot::join`]), or left the publication since (see [`Outboxes::adopt`]).
+    patterns: Vec<(Pattern, ColumnNames, String)>,
+    tagged: bool,
     by_rel: HashMap<u32, (usize, RowMapping)>,
     others: HashSet<u32>,
 }
@@ -87,9 +89,23 @@ impl Outboxes {
                 })
             })
             .collect::<Result<Vec<_>, RelayError>>()?;
+        let patterns = cfg
+            .patterns()
+            .into_iter()
+            .map(|(i, p)| {
+                let entry = &cfg.source.tables[i];
+                let columns = entry.columns.as_ref().unwrap_or(&cfg.source.columns);
+                let topic = entry
+                    .topic
+                    .clone()
+                    .unwrap_or_else(|| cfg.sink.topic.clone());
+                Ok((p, columns.resolve()?, topic))
+            })
+            .collect::<Result<Vec<_>, RelayError>>()?;
         Ok(Self {
             tables,
-            patterns: cfg.patterns().into_iter().map(|(_, p)| p).collect(),
+            patterns,
+            tagged,
             by_rel: HashMap::new(),
             others: HashSet::new(),
         })
@@ -98,7 +114,7 @@ impl Outboxes {
     /// A Relation message: a listed table's columns resolved against its mapping (Err when a
     /// required column is missing), anything else remembered as not ours. A listed table
     /// renamed away stops being one. A table a pattern matches that the session does not read
-    /// joined the publication since it started: Err([`RelayError::TableJoined`]).
+    /// joined the publication since it started: Err([`RelayError::TablesChanged`]).
     pub fn on_relation(&mut self, rel: &Relation) -> Result<(), RelayError> {
         let listed = self
             .tables
@@ -119,13 +135,9 @@ impl Outboxes {
                 self.by_rel.insert(rel.id, (i, mapping));
                 self.others.remove(&rel.id);
             }
-            None if self
-                .patterns
-                .iter()
-                .any(|p| p.matches(&rel.namespace, &rel.name)) =>
-            {
-                return Err(RelayError::TableJoined(format!(
-                    "{}.{}",
+            None if self.pattern_of(rel).is_some() => {
+                return Err(RelayError::TablesChanged(format!(
+                    "outbox table {}.{} joined the publication",
                     rel.namespace, rel.name
                 )));
             }
@@ -135,6 +147,34 @@ impl Outboxes {
             }
         }
         Ok(())
+    }
+
+    fn pattern_of(&self, rel: &Relation) -> Option<usize> {
+        self.patterns
+            .iter()
+            .position(|(p, ..)| p.matches(&rel.namespace, &rel.name))
+    }
+
+    /// Reads a table a pattern matches that is no longer in the publication (dropped, or
+    /// removed from it) but whose rows the stream still holds from when it was: relayed through
+    /// the pattern's mapping, like when it was one of the session's tables. (Ending the session
+    /// instead would meet the same Relation message again in the next one, forever.)
+    pub fn adopt(&mut self, rel: &Relation) -> Result<(), RelayError> {
+        let Some(i) = self.pattern_of(rel) else {
+            return self.on_relation(rel);
+        };
+        let (_, names, topic) = &self.patterns[i];
+        let topic = crate::config::tables::topic_for(topic, &rel.namespace, &rel.name);
+        let outbox = Outbox {
+            schema: rel.namespace.clone(),
+            name: rel.name.clone(),
+            names: names.clone(),
+            topic: TopicTemplate::parse(&topic)?,
+            label: Arc::from(format!("{}.{}", rel.namespace, rel.name)),
+            tagged: self.tagged,
+        };
+        self.tables.push(outbox);
+        self.on_relation(rel)
     }
 
     pub fn lookup(&self, rel: u32) -> Lookup<'_> {
@@ -237,7 +277,14 @@ mod tests {
         let e = o
             .on_relation(&relation(2, "tenant_b", "outbox", &OUTBOXD))
             .unwrap_err();
-        assert!(matches!(e, RelayError::TableJoined(ref t) if t == "tenant_b.outbox"));
+        assert!(
+            matches!(e, RelayError::TablesChanged(ref t) if t.contains("tenant_b.outbox joined"))
+        );
+        // One that left the publication since: its rows in the stream go the pattern's way.
+        o.adopt(&relation(2, "tenant_b", "outbox", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(2), Lookup::Outbox(1, _)));
+        assert_eq!(&*o.get(1).label, "tenant_b.outbox");
         o.on_relation(&relation(3, "other", "outbox", &OUTBOXD))
             .unwrap();
         assert!(matches!(o.lookup(3), Lookup::Other));

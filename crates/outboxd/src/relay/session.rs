@@ -262,16 +262,17 @@ pub async fn run_session_as(
                     sql_bounded(st.obs_tick(room)).await?;
                     if Instant::now() >= next_state {
                         next_state = Instant::now() + state_every;
+                        // A pattern's table dropped is no publication change: first.
+                        let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused);
+                        if let Some(what) = sql_bounded(changed).await? {
+                            return Err(RelayError::TablesChanged(what));
+                        }
                         // Before a probe may be adopted: never past a change of the publication.
                         if !sql_bounded(publication::covered(cfg, st.sql())).await? {
                             return Err(RelayError::PublicationChanged(
                                 "the outbox table is not in the publication (or it publishes no \
                                  inserts)".into(),
                             ));
-                        }
-                        let new = crate::slot::join::newcomer(cfg, st.sql(), &mut refused);
-                        if let Some(t) = sql_bounded(new).await? {
-                            return Err(RelayError::TableJoined(t));
                         }
                         saved = save_state(cfg, &st, &identity, holder.walsender(), saved).await?;
                         if saved.probe.is_none() {

@@ -54,7 +54,7 @@
 //! republishing them: what was streamed before this version stays as it was.
 //!
 //! While a session streams, a Relation message for a table a pattern matches that the session
-//! does not read ends the session ([`RelayError::TableJoined`]); the next one, seconds later,
+//! does not read ends the session ([`RelayError::TablesChanged`]); the next one, seconds later,
 //! resolves it and catches up as above. The stream has not confirmed past the table's first
 //! row, so a table born in the publication is streamed from its first row, once.
 //!
@@ -169,7 +169,10 @@ pub async fn resolve(cfg: &Config, sql: &Client) -> Result<Config, RelayError> {
 /// session does not read, in the publication already (a Relation message may be far ahead in
 /// the stream, or never come when the table gets no row) or added now when this role may.
 /// `refused`: the tables this session could not add (said once each).
-pub async fn newcomer(
+/// Or a table a pattern matched that no longer exists (a tenant dropped): ended too, rather
+/// than found missing from the publication, which would be taken for a publication change.
+/// Says what changed.
+pub async fn changed(
     cfg: &Config,
     sql: &Client,
     refused: &mut Vec<String>,
@@ -177,16 +180,29 @@ pub async fn newcomer(
     if !cfg.has_patterns() {
         return Ok(None);
     }
+    for t in cfg.tables().iter().filter(|t| t.discovered.is_some()) {
+        let gone: bool = sql
+            .query_one(
+                "SELECT NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n \
+                     ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)",
+                &[&t.schema, &t.name],
+            )
+            .await?
+            .get(0);
+        if gone {
+            return Ok(Some(format!("outbox table {} no longer exists", t.label())));
+        }
+    }
     for f in discover(cfg, sql).await? {
         let label = format!("{}.{}", f.schema, f.table);
         if f.published {
-            return Ok(Some(label));
+            return Ok(Some(format!("outbox table {label} joined the publication")));
         }
         if refused.contains(&label) {
             continue;
         }
         match publication::add_table(cfg, sql, &f.schema, &f.table).await {
-            Ok(()) => return Ok(Some(label)),
+            Ok(()) => return Ok(Some(format!("outbox table {label} joined the publication"))),
             Err(e) => {
                 tracing::warn!(table = %label, error = %RelayError::from(e), "a table the pattern matches is not in the publication and this role cannot add it: not relayed until it is added (outboxd init, or ALTER PUBLICATION … ADD TABLE)");
                 refused.push(label);
@@ -267,7 +283,17 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
         return Ok(true);
     };
     for (oid, t) in oids.into_iter().filter(|(o, _)| !joined.contains(o)) {
-        if owed(cfg, out.st.sql(), oid, &t).await? == Owed::EarlierRows {
+        // Retried (the GRANT can come while the relay waits), not a stop.
+        let owed = owed(cfg, out.st.sql(), oid, &t).await.map_err(|e| {
+            RelayError::Postgres(format!(
+                "reading {}, which joined the publication: {e}. The relay's role reads every \
+                 table it relays (GRANT SELECT ON it; for tables a pattern matches, ALTER \
+                 DEFAULT PRIVILEGES … GRANT SELECT ON TABLES TO the relay's role in the \
+                 tenants' schemas, see docs/operations.md)",
+                t.label()
+            ))
+        })?;
+        if owed == Owed::EarlierRows {
             tracing::warn!(table = %t.label(), "the table joined the publication after it held rows: republishing every row it holds (duplicates of rows the stream also delivers carry the same event_id)");
             wait_for_writers(out.st.sql(), oid, &t, out.shutdown).await?;
             if !republish(cfg, &t, out, lsn).await? {

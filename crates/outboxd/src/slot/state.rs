@@ -82,7 +82,11 @@ pub async fn load_if_present(sql: &Client, slot: &str) -> Result<Option<Recorded
 /// installs the guard, and `outboxd check` says it is missing.
 pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
     let present = table_exists(sql).await?;
-    if present && has_xid_columns(sql).await? && guard_installed(sql).await? {
+    if present
+        && has_xid_columns(sql).await?
+        && has_joined_column(sql).await?
+        && guard_installed(sql).await?
+    {
         return Ok(());
     }
     // Without the xid columns the relay cannot run: only the guard may be left for init.
@@ -104,13 +108,26 @@ pub async fn guard_installed(sql: &Client) -> Result<bool, RelayError> {
         .get(0))
 }
 
+/// `joined_tables` (crate::slot::join): optional for a relay without patterns, so a role that
+/// cannot add it goes on (late joins are then not tracked; `outboxd init` adds it).
+async fn has_joined_column(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+             WHERE attrelid = to_regclass('outboxd_slot_state') \
+               AND attname = 'joined_tables' AND NOT attisdropped)",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 async fn has_xid_columns(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
         .query_one(
-            "SELECT count(*) = 3 FROM pg_attribute \
+            "SELECT count(*) = 2 FROM pg_attribute \
              WHERE attrelid = to_regclass('outboxd_slot_state') \
-               AND attname IN ('delivered_xid', 'recovering_xid', 'joined_tables') \
-               AND NOT attisdropped",
+               AND attname IN ('delivered_xid', 'recovering_xid') AND NOT attisdropped",
             &[],
         )
         .await?
