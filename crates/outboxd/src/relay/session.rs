@@ -308,7 +308,9 @@ pub async fn run_session_as(
 
     // Whatever ended the session, confirm exactly what the broker acknowledged.
     let deadline = Instant::now() + cfg.shutdown_timeout();
-    if result.is_ok() {
+    // A table that joined or left is routine: the other tables' records in flight land too,
+    // so the next session does not send them again.
+    if matches!(result, Ok(()) | Err(RelayError::TablesChanged(_))) {
         // Graceful: stop reading, let in-flight events land.
         'drain: while st.in_flight().events() > 0 && Instant::now() < deadline {
             producer.flush(Duration::from_millis(100));

@@ -1,7 +1,8 @@
 //! Tables that join the publication while outboxd relays it: `[[source.tables]]` `pattern`
 //! entries (new tenants without a restart) and every late addition, exactly (R44, issue 30).
 //!
-//! # What Postgres does (measured on 15.18 with pgoutput, `tests/tests/multi_table_pattern.rs`)
+//! # What Postgres does (measured on 15.18 with pgoutput and psql; `tests/tests/multi_table_pattern.rs`
+//! passes on 14.23, 15.18, 17.10 and 18.4)
 //! - pgoutput decodes a table's inserts from the WAL position where the table joined the
 //!   publication on: a row committed before is never streamed, and so is a row a transaction
 //!   wrote *before* the join even when it commits after it (`ALTER PUBLICATION … ADD TABLE`
