@@ -155,7 +155,22 @@ async fn a_tenant_created_while_running_is_relayed_once_from_its_first_row() -> 
         out.contains("2 table(s) matched and published; event trigger outboxd_join_outbox_pub"),
         "{out}"
     );
+    // Replay takes a matched table like a listed one: its mapping, its topic.
     relay.shutdown().await?;
+    let id = b[0].to_string();
+    let cfg = env.config_file()?;
+    let args = [
+        id.as_str(),
+        "--table",
+        "tenant_b.outbox",
+        "--execute",
+        "--reason",
+        "r",
+    ];
+    let out = outboxd_tests::replay::replay(&cfg, &args, true);
+    assert!(out.contains("finished"), "{out}");
+    let copies = delivered(&env, "tenants.tenant_b", "tenant_b.outbox", &b)?;
+    assert_eq!(copies[&id], 2, "the original and the replayed copy");
     Ok(())
 }
 
