@@ -81,6 +81,10 @@ use tokio_postgres::Client;
 /// Most tables one relay reads (listed and discovered).
 pub const MAX_TABLES: usize = 256;
 
+/// outboxd's own tables (`outbox_parked*`, `outboxd_*`, over `c`, a `pg_class` row): never an
+/// outbox, whatever a pattern matches (`%.outbox%` would match `outbox_parked`).
+const OWN_TABLES: &str = "c.relname LIKE 'outbox\\_parked%' OR c.relname LIKE 'outboxd\\_%'";
+
 /// One table a pattern matches now.
 #[derive(Debug, Clone)]
 pub struct Found {
@@ -99,12 +103,15 @@ pub async fn discover(cfg: &Config, sql: &Client) -> Result<Vec<Found>, RelayErr
     for (entry, p) in cfg.patterns() {
         let rows = sql
             .query(
-                "SELECT n.nspname::text, c.relname::text, EXISTS (SELECT 1 \
+                &format!(
+                    "SELECT n.nspname::text, c.relname::text, EXISTS (SELECT 1 \
                      FROM pg_publication_tables t WHERE t.pubname = $3 \
                        AND t.schemaname = n.nspname AND t.tablename = c.relname) \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
-                   AND n.nspname LIKE $1 AND c.relname LIKE $2 ORDER BY 1, 2",
+                   AND n.nspname LIKE $1 AND c.relname LIKE $2 \
+                   AND NOT ({OWN_TABLES}) ORDER BY 1, 2"
+                ),
                 &[&p.schema, &p.table, &cfg.source.publication],
             )
             .await?;
@@ -484,7 +491,7 @@ BEGIN \
            FROM pg_event_trigger_ddl_commands() d JOIN pg_class c ON c.oid = d.objid \
            JOIN pg_namespace n ON n.oid = c.relnamespace \
            WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p') \
-             AND c.relpersistence = 'p' AND NOT c.relispartition LOOP \
+             AND c.relpersistence = 'p' AND NOT c.relispartition AND NOT ({OWN_TABLES}) LOOP \
     IF ({conds}) AND NOT EXISTS (SELECT 1 FROM pg_publication_rel pr \
         JOIN pg_publication p ON p.oid = pr.prpubid \
         WHERE p.pubname = {pubname} AND pr.prrelid = r.oid) THEN \
