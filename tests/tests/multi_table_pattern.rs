@@ -354,3 +354,32 @@ async fn a_dropped_tenant_keeps_its_streamed_rows_and_costs_no_recovery() -> any
     relay.shutdown().await?;
     Ok(())
 }
+
+/// After an upgrade (a state row that records no joined tables yet), a session that adds a
+/// matching table to the publication itself first records the tables published before, so the
+/// added one's earlier rows are republished rather than taken for an old member's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_upgrade_a_table_the_relay_adds_is_still_caught_up() -> anyhow::Result<()> {
+    let env = pattern_env("pattern_upgrade", &["tenant_a", "tenant_g"]).await?;
+    let c = env.sql().await?;
+    c.batch_execute(&tenant_sql("tenant_a")).await?;
+    outboxd::init(&env.config()?).await?;
+    let relay = Relay::start(env.config()?);
+    let a = insert(&c, "tenant_a.outbox", "A", 1, 2).await?;
+    delivered(&env, "tenants.tenant_a", "tenant_a.outbox", &a)?;
+    relay.shutdown().await?;
+
+    c.execute(
+        "UPDATE outboxd_slot_state SET joined_tables = NULL WHERE slot_name = $1",
+        &[&env.slot],
+    )
+    .await?;
+    c.batch_execute(&tenant_sql("staging_g")).await?;
+    let g = insert(&c, "staging_g.outbox", "G", 1, 3).await?;
+    c.batch_execute("ALTER SCHEMA staging_g RENAME TO tenant_g")
+        .await?;
+    let relay = Relay::start(env.config()?);
+    delivered(&env, "tenants.tenant_g", "tenant_g.outbox", &g)?;
+    relay.shutdown().await?;
+    Ok(())
+}

@@ -28,9 +28,10 @@
 //!   as the superuser it adds any permanent table. Without a superuser there is no trigger; then
 //! - `outboxd init` adds every matching table it finds (run it on a schedule, or in the
 //!   tenant's provisioning), and
-//! - each session start ([`resolve`]) adds the matching tables the publication lacks when the
-//!   relay's role may (it owns the publication and the table), and otherwise leaves them out,
-//!   with a warning, until someone adds them. Their rows wait in the table; nothing is lost.
+//! - each session start ([`resolve`]) and each state write of a streaming session
+//!   ([`changed`]) adds the matching tables the publication lacks when the relay's role may (it
+//!   owns the publication and the table), and otherwise leaves them out, with a warning, until
+//!   someone adds them. Their rows wait in the table; nothing is lost.
 //!
 //! # Exactness: what a table that joins late is owed
 //! The slot's state row records which tables are taken care of (`joined_tables`, oids). At
@@ -55,9 +56,19 @@
 //! republishing them: what was streamed before this version stays as it was.
 //!
 //! While a session streams, a Relation message for a table a pattern matches that the session
-//! does not read ends the session ([`RelayError::TablesChanged`]); the next one, seconds later,
-//! resolves it and catches up as above. The stream has not confirmed past the table's first
-//! row, so a table born in the publication is streamed from its first row, once.
+//! does not read, or a state write finding one in the publication, ends the session
+//! ([`RelayError::TablesChanged`], after its records in flight landed); the next one, a moment
+//! later, resolves it and catches up as above. The stream has not confirmed past the table's
+//! first row, so a table born in the publication is streamed from its first row, once.
+//!
+//! A table a pattern matched that was dropped (or left the publication) while the stream still
+//! holds rows of it: its Relation message is read through the pattern's mapping
+//! ([`crate::relay::outboxes::Outboxes::adopt`]), since the catalog no longer lists it (ending
+//! the session would meet the same message again, forever). A drop the state write notices
+//! ends the session as a change of tables, not of the publication (no recovery).
+//!
+//! The relay's role reads every row of a table that joins late: it needs SELECT on the
+//! tenants' tables (until then the session retries, naming the grant).
 //!
 //! # Bounds
 //! The tables of one relay (listed plus discovered) are at most [`MAX_TABLES`]: each is a
@@ -149,8 +160,12 @@ pub async fn resolve(cfg: &Config, sql: &Client) -> Result<Config, RelayError> {
     if !cfg.has_patterns() {
         return Ok(cfg.clone());
     }
+    let found = discover(cfg, sql).await?;
+    if found.iter().any(|f| !f.published) {
+        record_published(cfg, sql, &found).await;
+    }
     let mut tables = Vec::new();
-    for f in discover(cfg, sql).await? {
+    for f in found {
         let label = format!("{}.{}", f.schema, f.table);
         if !f.published {
             if let Err(e) = publication::add_table(cfg, sql, &f.schema, &f.table).await {
@@ -171,6 +186,30 @@ pub async fn resolve(cfg: &Config, sql: &Client) -> Result<Config, RelayError> {
         )));
     }
     Ok(resolved)
+}
+
+/// Before [`resolve`] adds tables: a state row that records no joined tables yet (written by an
+/// older outboxd) records the ones published now, so that the tables this session adds are
+/// caught up rather than taken for old members. Best effort: without a row (the slot's first
+/// run, whose start publishes nothing already in a table) or a column, [`catch_up`] decides.
+async fn record_published(cfg: &Config, sql: &Client, found: &[Found]) {
+    if !matches!(slot_state::joined(sql, &cfg.source.slot).await, Ok(None)) {
+        return;
+    }
+    let published: Vec<(String, String, usize)> = found
+        .iter()
+        .filter(|f| f.published)
+        .map(|f| (f.schema.clone(), f.table.clone(), f.entry))
+        .collect();
+    let mut oids = Vec::new();
+    for t in cfg.with_discovered(&published).tables() {
+        if let Ok(oid) = oid_of(sql, &t).await {
+            oids.push(oid);
+        }
+    }
+    if let Err(e) = slot_state::add_joined(sql, &cfg.source.slot, &oids).await {
+        tracing::debug!(error = %e, "joined tables not recorded before adding tables");
+    }
 }
 
 /// While a session streams (with every state write): a table a pattern matches that the
