@@ -93,6 +93,22 @@ async fn pattern_env(name: &str, tenants: &[&str]) -> anyhow::Result<Env> {
     Ok(env)
 }
 
+/// [`pattern_env`] with `tenant_a` created, `init` run (the event trigger installed) and a
+/// relay streaming it: two events of aggregate `A` delivered (their ids returned).
+async fn streaming_tenant_a(
+    name: &str,
+    tenants: &[&str],
+) -> anyhow::Result<(Env, tokio_postgres::Client, Relay, Vec<Uuid>)> {
+    let env = pattern_env(name, tenants).await?;
+    let c = env.sql().await?;
+    c.batch_execute(&tenant_sql("tenant_a")).await?;
+    outboxd::init(&env.config()?).await?;
+    let relay = Relay::start(env.config()?);
+    let a = insert(&c, "tenant_a.outbox", "A", 1, 2).await?;
+    delivered(&env, "tenants.tenant_a", "tenant_a.outbox", &a)?;
+    Ok((env, c, relay, a))
+}
+
 fn tenant_sql(schema: &str) -> String {
     format!(
         "CREATE SCHEMA {schema}; CREATE TABLE {schema}.outbox (LIKE public.outbox INCLUDING ALL);"
@@ -183,13 +199,7 @@ async fn a_tenant_created_while_running_is_relayed_once_from_its_first_row() -> 
 /// first copies are in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_that_held_rows_before_it_joined_has_them_republished() -> anyhow::Result<()> {
-    let env = pattern_env("pattern_late", &["tenant_a", "tenant_c"]).await?;
-    let c = env.sql().await?;
-    c.batch_execute(&tenant_sql("tenant_a")).await?;
-    outboxd::init(&env.config()?).await?;
-    let relay = Relay::start(env.config()?);
-    let a = insert(&c, "tenant_a.outbox", "A", 1, 2).await?;
-    delivered(&env, "tenants.tenant_a", "tenant_a.outbox", &a)?;
+    let (env, c, relay, _) = streaming_tenant_a("pattern_late", &["tenant_a", "tenant_c"]).await?;
 
     c.batch_execute(&tenant_sql("staging_c")).await?;
     let mut ids = insert(&c, "staging_c.outbox", "C", 1, 4).await?;
@@ -360,13 +370,8 @@ async fn a_dropped_tenant_keeps_its_streamed_rows_and_costs_no_recovery() -> any
 /// added one's earlier rows are republished rather than taken for an old member's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_upgrade_a_table_the_relay_adds_is_still_caught_up() -> anyhow::Result<()> {
-    let env = pattern_env("pattern_upgrade", &["tenant_a", "tenant_g"]).await?;
-    let c = env.sql().await?;
-    c.batch_execute(&tenant_sql("tenant_a")).await?;
-    outboxd::init(&env.config()?).await?;
-    let relay = Relay::start(env.config()?);
-    let a = insert(&c, "tenant_a.outbox", "A", 1, 2).await?;
-    delivered(&env, "tenants.tenant_a", "tenant_a.outbox", &a)?;
+    let (env, c, relay, _) =
+        streaming_tenant_a("pattern_upgrade", &["tenant_a", "tenant_g"]).await?;
     relay.shutdown().await?;
 
     c.execute(
