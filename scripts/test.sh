@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace: unit, property and end-to-end (real Postgres 15, plus 14, 17 and
+# Runs every test of the workspace: unit, property and end-to-end (real Postgres 15, plus 14, 16, 17 and
 # 18 for the version matrix, and tansu). Extra arguments go to `cargo nextest run` (e.g.
 # `-p outboxd-outbox`, `--test relay_crash`).
 # Installs what the tests need when missing (scripts/deps.sh).

@@ -91,14 +91,23 @@ CREATE TRIGGER outbox_parked_audit_guard BEFORE INSERT OR UPDATE OR DELETE ON pu
 -- What was parked never changes; the state moves only as the relay and the repair commands
 -- move it:
 --   (new)              -> parked | blocked   blocked only behind an open head of its aggregate
+--                                           in its table (below)
 --   parked             -> retry              with a 'retry' audit row written in this transaction
 --   parked|retry|blocked -> discarded        with a 'discard' audit row written in this transaction
 --   retry              -> delivered          (the relay, after the broker's acknowledgement)
 --   blocked            -> delivered          only when nothing earlier of its aggregate is open
 --   retry|blocked      -> parked             (the relay: the release failed again)
 --   delivered, discarded: final. Nothing ever goes (back) into blocked.
+-- An aggregate is held per outbox table (issue 30): a row's table is the `source_table` header
+-- of its record (a relay with several tables writes it; a one-table relay writes none). Rows
+-- of the same aggregate hold each other when their tables are the same or either has none, so
+-- a one-table relay's rows hold as before, and rows parked before a relay listed several
+-- tables (no header: which table is unknown) hold their aggregate in every table.
 CREATE OR REPLACE FUNCTION public.outbox_parked_guard() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    -- NEW's table (the record is frozen below, so an UPDATE's is OLD's).
+    row_table text := jsonb_path_query_first(NEW.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1;
 BEGIN
     IF TG_OP = 'INSERT' THEN
         IF NEW.state NOT IN ('parked', 'blocked') THEN
@@ -109,8 +118,9 @@ BEGIN
                 SELECT 1 FROM public.outbox_parked h
                 WHERE h.slot = NEW.slot AND h.event_id = NEW.blocked_by AND h.blocks_aggregate
                   AND h.state IN ('parked', 'blocked', 'retry')
-                  AND h.aggregate_type = NEW.aggregate_type AND h.aggregate_id = NEW.aggregate_id)) THEN
-            RAISE EXCEPTION 'outbox_parked: event % is held behind %, which is no open parked event of its aggregate',
+                  AND h.aggregate_type = NEW.aggregate_type AND h.aggregate_id = NEW.aggregate_id
+                  AND (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table))) THEN
+            RAISE EXCEPTION 'outbox_parked: event % is held behind %, which is no open parked event of its aggregate in its table',
                 NEW.event_id, NEW.blocked_by;
         END IF;
         NEW.attempts := 1;
@@ -169,7 +179,8 @@ BEGIN
         IF EXISTS (SELECT 1 FROM public.outbox_parked h
                 WHERE h.slot = OLD.slot AND h.id < OLD.id AND h.blocks_aggregate
                   AND h.state IN ('parked', 'blocked', 'retry')
-                  AND h.aggregate_type = OLD.aggregate_type AND h.aggregate_id = OLD.aggregate_id) THEN
+                  AND h.aggregate_type = OLD.aggregate_type AND h.aggregate_id = OLD.aggregate_id
+                  AND (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table)) THEN
             RAISE EXCEPTION 'outbox_parked: event % is still held behind an open event of its aggregate',
                 OLD.event_id;
         END IF;

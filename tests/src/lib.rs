@@ -22,6 +22,8 @@
 //!   environment run as a process here.
 //! - [`reliability`]: the writer, inbox consumer and delivery checks of the reliability tests.
 //! - [`replay`]: what the replay tests share (raw records, events, the `replay` command, audit).
+//! - [`multi`]: what the multi-table tests share (three tables, rounds of events, reading each
+//!   table's topic back in per-aggregate order).
 //! - [`testkit`] (`outboxd_testkit`) and [`outboxd`], re-exported for the tests.
 
 mod env;
@@ -33,6 +35,7 @@ mod wait;
 
 pub mod certs;
 pub mod deploy;
+pub mod multi;
 pub mod reliability;
 pub mod replay;
 

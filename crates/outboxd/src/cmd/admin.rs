@@ -76,7 +76,12 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     // publication the user creates next would make pgoutput fail with "publication does not
     // exist" (it reads publications as of each change).
     crate::slot::state::ensure_table(&sql).await?;
-    let existing = source::slot_state(cfg, &sql).await?;
+    let host = source::SlotHost::connect(cfg).await?;
+    // What the standby of replication_dsn lacks: refused here, or said (and streamed anyway).
+    for w in host.check(&sql).await? {
+        done.push(format!("WARNING: {w}"));
+    }
+    let existing = source::slot_state(cfg, host.sql(&sql)).await?;
     match crate::slot::state::load(&sql, &cfg.source.slot).await? {
         None => {
             let identity = crate::slot::state::identity(&sql).await?;
@@ -114,12 +119,17 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
         }
         Some(_) => {}
     }
-    let (slot, _) = source::preflight(cfg, &sql, true).await?;
+    let (slot, _) = source::preflight(cfg, &sql, &host, true).await?;
     done.push("table outboxd_slot_state present".into());
     done.push(format!(
-        "slot {} present (confirmed_flush_lsn {})",
+        "slot {} present (confirmed_flush_lsn {}){}",
         cfg.source.slot,
-        source::fmt_lsn(slot.confirmed_flush)
+        source::fmt_lsn(slot.confirmed_flush),
+        if host.is_separate() {
+            " on the server of source.replication_dsn"
+        } else {
+            ""
+        }
     ));
     Ok(done)
 }
@@ -285,7 +295,19 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
             out.extend(super::privileges::check(cfg, &sql).await);
             out.extend(super::privileges::encryption(cfg));
             out.extend(super::privileges::guards(cfg, &sql).await);
-            let preflight = source::preflight(cfg, &sql, false).await;
+            let host = match source::SlotHost::connect(cfg).await {
+                Ok(h) => h,
+                Err(e) => {
+                    out.push(line(
+                        false,
+                        "slot server",
+                        format!("{e} — is source.replication_dsn right and the standby up?"),
+                    ));
+                    return out;
+                }
+            };
+            out.extend(slot_server(&sql, &host).await);
+            let preflight = source::preflight(cfg, &sql, &host, false).await;
             let confirmed = preflight.as_ref().map_or(0, |(s, _)| s.confirmed_flush);
             out.push(replication(cfg, confirmed).await);
             match preflight {
@@ -317,7 +339,17 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
             }
             out.extend(coverage(cfg, &sql).await);
             out.extend(patterns(cfg, &sql).await);
-            out.push(failover(cfg, &sql).await);
+            out.push(if host.is_separate() {
+                line(
+                    true,
+                    "failover",
+                    "the slot lives on the server of source.replication_dsn: it survives that \
+                     standby's promotion; if the standby is lost, outboxd republishes the gap \
+                     from the outbox table on the next standby (source.on_slot_loss)",
+                )
+            } else {
+                failover(cfg, &sql).await
+            });
             out.push(match crate::slot::publication::guarded(&sql).await {
                 Ok(true) => CheckLine::ok(
                     "publication changes",
@@ -381,6 +413,37 @@ async fn replication(cfg: &Config, confirmed: u64) -> CheckLine {
 }
 
 /// Whether the slot survives a promotion (PG17+ failover slots synchronized to standbys).
+/// Where the slot lives, and what its standby lacks (`source.replication_dsn`).
+async fn slot_server(sql: &tokio_postgres::Client, host: &source::SlotHost) -> Vec<CheckLine> {
+    const WHAT: &str = "slot server";
+    if !host.is_separate() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    match host.check(sql).await {
+        Err(e) => out.push(line(false, WHAT, e.to_string())),
+        Ok(warnings) => {
+            let lag = crate::relay::slot_host::replay_lag(sql, host).await;
+            out.push(line(
+                true,
+                WHAT,
+                match (host.in_recovery(), lag) {
+                    (true, Ok(Some(b))) => format!(
+                        "source.replication_dsn is a standby; it has replayed up to {b} bytes \
+                         behind the primary (decoding waits for replay)"
+                    ),
+                    (true, _) => "source.replication_dsn is a standby".to_string(),
+                    (false, _) => "source.replication_dsn is not in recovery (a promoted \
+                                   standby, or a primary): the slot lives there"
+                        .to_string(),
+                },
+            ));
+            out.extend(warnings.into_iter().map(|w| CheckLine::warn(WHAT, w)));
+        }
+    }
+    out
+}
+
 async fn failover(cfg: &Config, sql: &tokio_postgres::Client) -> CheckLine {
     const WHAT: &str = "failover";
     let major = match source::server_major(sql).await {

@@ -1,6 +1,7 @@
 //! What `outboxd check` says about the jobs beside streaming: cleanup (can its role delete, and
-//! where does it run), shadow mode (do the legacy topics exist) and the replay audit (is its
-//! guard installed and enabled, is the database's approval policy this config's).
+//! where does it run), shadow mode (do the legacy topics exist), the replay audit (is its
+//! guard installed and enabled, is the database's approval policy this config's) and the
+//! schema validation of each table (is its schema directory there).
 
 use super::admin::CheckLine;
 use crate::config::Config;
@@ -16,7 +17,37 @@ pub async fn lines(cfg: &Config, topics: Option<&[String]>) -> Vec<CheckLine> {
         out.push(shadow(cfg, topics));
     }
     out.extend(replay(cfg).await);
+    out.extend(schemas(cfg));
     out
+}
+
+/// Each table's `validation.schema_dir` (its own or `[validation]`'s), once per directory
+/// with the tables it validates: a directory that is not there validates nothing, and with
+/// `require_schema` parks every event of its tables.
+fn schemas(cfg: &Config) -> Vec<CheckLine> {
+    let mut dirs: std::collections::BTreeMap<std::path::PathBuf, Vec<String>> = Default::default();
+    for t in cfg.tables() {
+        if let Some(d) = &t.validation.schema_dir {
+            dirs.entry(d.clone()).or_default().push(t.label());
+        }
+    }
+    dirs.into_iter()
+        .map(|(dir, tables)| {
+            let what = format!("schemas of {}", tables.join(", "));
+            match std::fs::metadata(&dir) {
+                Ok(m) if m.is_dir() => CheckLine::ok(&what, dir.display().to_string()),
+                Ok(_) => CheckLine::warn(&what, format!("{} is not a directory", dir.display())),
+                Err(e) => CheckLine::warn(
+                    &what,
+                    format!(
+                        "{}: {e} (validation.schema_dir: every event of these tables would \
+                         pass unvalidated, or park with require_schema)",
+                        dir.display()
+                    ),
+                ),
+            }
+        })
+        .collect()
 }
 
 /// The replay audit's install and policy: a warning each when something is missing, disabled

@@ -4,6 +4,7 @@
 //! running relay publishes retried events — with the SAME `event_id` — and then releases the
 //! events held behind them, in order, inside its own stream so nothing can overtake.
 
+use crate::config::tables::ParkedTable;
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::poison::store::{self, operator};
@@ -103,8 +104,8 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
     crate::obs::status_row::ensure_table(&sql).await?;
     let slot = &cfg.source.slot;
     match cmd {
-        ParkedCmd::List { all, json, .. } => list(&sql, slot, all, json).await,
-        ParkedCmd::Show { event_id, full, .. } => show(&sql, slot, &event_id, full).await,
+        ParkedCmd::List { all, json, .. } => list(cfg, &sql, all, json).await,
+        ParkedCmd::Show { event_id, full, .. } => show(cfg, &sql, &event_id, full).await,
         ParkedCmd::Retry {
             event_id,
             payload,
@@ -115,6 +116,8 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
             if reason.trim().is_empty() {
                 return Err(RelayError::Setup("retry needs a --reason".into()));
             }
+            // Its own table's mapping and schemas; never another table's.
+            let table = table_of(cfg, &sql, &event_id).await?;
             let new_payload = match payload {
                 None => None,
                 Some(p) => {
@@ -124,7 +127,7 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
                     let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
                         RelayError::Setup(format!("{} is not JSON: {e}", p.display()))
                     })?;
-                    validate(cfg, &sql, slot, &event_id, &v).await?;
+                    validate(&table.validation, &sql, slot, &event_id, &v).await?;
                     Some(v)
                 }
             };
@@ -134,7 +137,7 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
                 operator: &operator,
                 reason: &reason,
             };
-            let nulls = cfg.source.columns.resolve()?.debezium_nulls;
+            let nulls = table.columns.resolve()?.debezium_nulls;
             match operator::request_retry(&mut sql, &req, new_payload.as_ref(), nulls).await? {
                 operator::RetryOutcome::Requested => {}
                 operator::RetryOutcome::NotParked => return Err(not_parked(&event_id)),
@@ -177,17 +180,52 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
     }
 }
 
-/// A corrected payload must pass the event's JSON Schema (when `[validation]` has one), as the
-/// live path would demand; the relay checks it again when it republishes.
-async fn validate(
+/// The listed table a parked event belongs to (see [`ParkedTable`]); Err, with what to do,
+/// when it is not open or its table is not listed: the relay would not release it.
+async fn table_of(
     cfg: &Config,
+    sql: &tokio_postgres::Client,
+    event_id: &str,
+) -> Result<crate::config::tables::OutboxTable, RelayError> {
+    let d = operator::show(sql, &cfg.source.slot, event_id)
+        .await?
+        .ok_or_else(|| not_parked(event_id))?;
+    let tables = cfg.tables();
+    match ParkedTable::of(&labels(cfg), d.table.as_deref()) {
+        ParkedTable::Listed(i) => Ok(tables[i].clone()),
+        other => Err(RelayError::Setup(format!(
+            "{event_id} is not retried, nothing changed: {}",
+            other.not_listed().unwrap_or_default()
+        ))),
+    }
+}
+
+/// The listed tables' `schema.table`, in configuration order.
+fn labels(cfg: &Config) -> Vec<String> {
+    cfg.tables().iter().map(|t| t.label()).collect()
+}
+
+/// How `list` and `show` name a parked event's table: `None` with one table and a record of
+/// it (no column then: a one-table relay's output stays as it was).
+fn table_cell(cfg: &Config, labels: &[String], table: Option<&str>) -> Option<String> {
+    match ParkedTable::of(labels, table) {
+        ParkedTable::Listed(_) if !cfg.is_multi_table() => None,
+        ParkedTable::Listed(i) => Some(labels[i].clone()),
+        ParkedTable::Unlisted(t) => Some(format!("{t} (not listed)")),
+        ParkedTable::Unknown => Some("(none)".into()),
+    }
+}
+
+/// A corrected payload must pass the event's JSON Schema (when its table's validation has
+/// one), as the live path would demand; the relay checks it again when it republishes.
+async fn validate(
+    validation: &crate::config::ValidationConfig,
     sql: &tokio_postgres::Client,
     slot: &str,
     event_id: &str,
     payload: &serde_json::Value,
 ) -> Result<(), RelayError> {
-    let Some(mut validator) = crate::poison::validate::Validator::from_config(&cfg.validation)
-    else {
+    let Some(mut validator) = crate::poison::validate::Validator::from_config(validation) else {
         return Ok(());
     };
     let d = operator::show(sql, slot, event_id)
@@ -238,12 +276,17 @@ pub(crate) fn printable(s: &str) -> String {
 }
 
 async fn list(
+    cfg: &Config,
     sql: &tokio_postgres::Client,
-    slot: &str,
     all: bool,
     json: bool,
 ) -> Result<String, RelayError> {
-    let rows = operator::list(sql, slot, all).await?;
+    let rows = operator::list(sql, &cfg.source.slot, all).await?;
+    let labels = labels(cfg);
+    let cells: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| table_cell(cfg, &labels, r.table.as_deref()))
+        .collect();
     if json {
         let v: Vec<serde_json::Value> = rows
             .iter()
@@ -254,16 +297,28 @@ async fn list(
                     "aggregate_id": r.aggregate_id, "aggregate_version": r.aggregate_version,
                     "error_class": r.error_class, "attempts": r.attempts,
                     "first_seen": r.first_seen, "error": r.error_message,
+                    "table": r.table,
+                    "listed": matches!(ParkedTable::of(&labels, r.table.as_deref()), ParkedTable::Listed(_)),
                 })
             })
             .collect();
         return Ok(serde_json::to_string_pretty(&v).unwrap_or_default());
     }
-    let mut out = format!(
+    // A table column when a row's table needs naming (several tables, or one not listed).
+    let table_col = cells.iter().any(Option::is_some);
+    let mut out = String::new();
+    if table_col {
+        out.push_str(&format!("{:<32}  ", "table"));
+    }
+    out.push_str(&format!(
         "{:<36}  {:<9}  {:<20}  {:<24}  {:>7}  {:<14}  {:>3}  first_seen\n",
         "event_id", "state", "event_type", "aggregate", "version", "error_class", "try"
-    );
-    for r in &rows {
+    ));
+    for (r, cell) in rows.iter().zip(&cells) {
+        if table_col {
+            let cell = cell.as_deref().unwrap_or_default();
+            out.push_str(&format!("{:<32}  ", printable(cell)));
+        }
         out.push_str(&format!(
             "{:<36}  {:<9}  {:<20}  {:<24}  {:>7}  {:<14}  {:>3}  {}\n",
             printable(&r.event_id),
@@ -302,12 +357,12 @@ fn clipped(s: String, full: bool) -> String {
 }
 
 async fn show(
+    cfg: &Config,
     sql: &tokio_postgres::Client,
-    slot: &str,
     event_id: &str,
     full: bool,
 ) -> Result<String, RelayError> {
-    let d = operator::show(sql, slot, event_id)
+    let d = operator::show(sql, &cfg.source.slot, event_id)
         .await?
         .ok_or_else(|| not_parked(event_id))?;
     let o = |v: &Option<String>| printable(v.as_deref().unwrap_or_default());
@@ -318,6 +373,13 @@ async fn show(
         o(&d.topic), printable(&d.error_class), printable(&d.error_message), d.attempts,
         d.first_seen, d.last_seen, o(&d.blocked_by), clipped(o(&d.headers), full), clipped(o(&d.payload), full),
     );
+    let labels = labels(cfg);
+    if let Some(cell) = table_cell(cfg, &labels, d.table.as_deref()) {
+        out.push_str(&format!("table:         {}\n", printable(&cell)));
+    }
+    if let Some(why) = ParkedTable::of(&labels, d.table.as_deref()).not_listed() {
+        out.push_str(&format!("not released:  {}\n", printable(&why)));
+    }
     for (at, action, operator, reason) in &d.audit {
         out.push_str(&format!(
             "audit:         {at} {action} by {}: {}\n",

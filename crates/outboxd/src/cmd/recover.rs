@@ -26,7 +26,8 @@ pub async fn run(
         );
     }
     let sql = source::sql_connect(cfg).await?;
-    let (slot, _) = source::preflight_opt(cfg, &sql).await?;
+    let host = source::SlotHost::connect(cfg).await?;
+    let (slot, _) = source::preflight_opt(cfg, &sql, &host).await?;
     let identity = slot_state::identity(&sql).await?;
     let state = slot_state::load_if_present(&sql, &cfg.source.slot).await?;
     let decision = slot_guard::decide(

@@ -13,20 +13,36 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     // the parking table: wait briefly for locks, then report what could not be read.
     sql.batch_execute("SET lock_timeout = '3s'").await?;
     let slot = &cfg.source.slot;
-    let s = sql
+    let host = source::SlotHost::connect(cfg).await?;
+    // Lags count from the primary's WAL end (a standby has none of its own).
+    let end: String = sql
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    let s = host
+        .sql(&sql)
         .query_opt(
             "SELECT active_pid, confirmed_flush_lsn::text, \
-                    (pg_current_wal_lsn() - confirmed_flush_lsn)::bigint, \
-                    (pg_current_wal_lsn() - restart_lsn)::bigint, wal_status, safe_wal_size \
+                    ($2::text::pg_lsn - confirmed_flush_lsn)::bigint, \
+                    ($2::text::pg_lsn - restart_lsn)::bigint, wal_status, safe_wal_size \
              FROM pg_replication_slots WHERE slot_name = $1",
-            &[slot],
+            &[slot, &end],
         )
         .await?;
+    let server = match (host.is_separate(), host.in_recovery()) {
+        (false, _) => "primary",
+        (true, true) => "standby",
+        (true, false) => "replication_dsn (not in recovery)",
+    };
+    let replay_lag = crate::relay::slot_host::replay_lag(&sql, &host).await?;
     let slot_doc = match &s {
-        None => json!({"name": slot, "exists": false}),
+        None => json!({"name": slot, "exists": false, "server": server,
+                       "standby_replay_lag_bytes": replay_lag}),
         Some(r) => json!({
             "name": slot,
             "exists": true,
+            "server": server,
+            "standby_replay_lag_bytes": replay_lag,
             "active_pid": r.get::<_, Option<i32>>(0),
             "confirmed_flush_lsn": r.get::<_, Option<String>>(1),
             "lag_bytes": r.get::<_, Option<i64>>(2),
@@ -35,7 +51,8 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
             "safe_wal_size": r.get::<_, Option<i64>>(5),
         }),
     };
-    let relay = sql
+    let relay = host
+        .sql(&sql)
         .query_opt(
             "SELECT application_name, client_addr::text, state FROM pg_stat_replication \
              WHERE application_name LIKE $1 LIMIT 1",
@@ -70,68 +87,82 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     } else {
         (None, json!([]))
     };
-    let delivery = delivery_state(cfg, &sql).await?;
+    let delivery = delivery_state(cfg, &sql, &host).await?;
     let mut doc = json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "delivery_state": delivery});
-    if cfg.is_multi_table() {
-        doc["tables"] = tables(cfg, &sql, has_tables).await?;
+    let tables = tables(cfg, &sql, has_tables).await?;
+    if !tables.is_empty() {
+        doc["tables"] = Value::Array(tables);
     }
     Ok(doc)
 }
 
-/// With several outbox tables: each listed table and each table a pattern matches (with the
-/// pattern), whether the publication includes it (a matched one outside it waits to join),
-/// and its open parked events (the parked ones of no listed table under `null`).
+/// Each listed table (and each a pattern matches, with its pattern; one outside the
+/// publication waits to join), whether the publication includes it, and its open parked events; then
+/// the open parked events of each table that is not listed (`"listed": false`: the relay
+/// releases none of them), those of no table under `null` (parked by a one-table relay, in a
+/// configuration that lists several). A one-table configuration shows this only when some of
+/// its parked events are not its table's.
 async fn tables(
     cfg: &Config,
     sql: &tokio_postgres::Client,
     has_tables: bool,
-) -> Result<Value, RelayError> {
-    let cov = crate::slot::publication::coverage(cfg, sql).await?;
+) -> Result<Vec<Value>, RelayError> {
+    use crate::config::tables::ParkedTable;
+    // Unreadable (a lock held by someone else): said under "parked"; null counts here.
     let parked = match has_tables {
-        true => crate::poison::store::open_per_table(sql, &cfg.source.slot).await?,
-        false => Vec::new(),
+        true => crate::poison::store::open_per_table(sql, &cfg.source.slot)
+            .await
+            .ok(),
+        false => Some(Vec::new()),
     };
-    let count = |label: Option<&str>| -> i64 {
-        parked
-            .iter()
-            .filter(|(t, _)| t.as_deref() == label)
-            .map(|(_, n)| n)
-            .sum()
-    };
-    let mut out: Vec<Value> = cfg
-        .tables()
+    let readable = parked.is_some();
+    let labels: Vec<String> = cfg.tables().iter().map(|t| t.label()).collect();
+    let mut listed = vec![0i64; labels.len()];
+    let mut others: std::collections::BTreeMap<Option<String>, i64> = Default::default();
+    for (t, n) in parked.iter().flatten() {
+        match ParkedTable::of(&labels, t.as_deref()) {
+            ParkedTable::Listed(i) => listed[i] += n,
+            ParkedTable::Unlisted(t) => *others.entry(Some(t.to_string())).or_default() += n,
+            ParkedTable::Unknown => *others.entry(None).or_default() += n,
+        }
+    }
+    if !cfg.is_multi_table() && others.is_empty() {
+        return Ok(Vec::new());
+    }
+    let cov = crate::slot::publication::coverage(cfg, sql).await?;
+    let mut out: Vec<Value> = labels
         .iter()
-        .map(|t| {
-            let label = t.label();
-            let published = cov.as_ref().map(|c| !c.missing.contains(&label));
-            json!({"table": label, "pattern": t.discovered, "published": published, "open_parked": count(Some(&label))})
+        .zip(listed)
+        .zip(cfg.tables())
+        .map(|((label, n), t)| {
+            let published = cov.as_ref().map(|c| !c.missing.contains(label));
+            let n = readable.then_some(n);
+            json!({"table": label, "pattern": t.discovered, "listed": true, "published": published, "open_parked": n})
         })
         .collect();
     // Tables a pattern matches that have not joined the publication: not relayed yet.
     for f in crate::slot::join::discover(cfg, sql).await? {
         let label = format!("{}.{}", f.schema, f.table);
         let pattern = cfg.source.tables[f.entry].pattern.clone();
-        out.push(json!({"table": label, "pattern": pattern, "published": false, "open_parked": count(Some(&label))}));
+        out.push(json!({"table": label, "pattern": pattern, "listed": true, "published": false, "open_parked": 0}));
     }
-    let listed: Vec<String> = cfg.tables().iter().map(|t| t.label()).collect();
-    let other: i64 = parked
-        .iter()
-        .filter(|(t, _)| t.as_ref().is_none_or(|t| !listed.contains(t)))
-        .map(|(_, n)| n)
-        .sum();
-    if other > 0 {
-        out.push(json!({"table": null, "published": null, "open_parked": other}));
+    for (table, n) in others {
+        out.push(json!({"table": table, "listed": false, "published": null, "open_parked": n}));
     }
-    Ok(Value::Array(out))
+    Ok(out)
 }
 
 /// The relay's durable memory of the stream, and what the slot guard would decide now.
-async fn delivery_state(cfg: &Config, sql: &tokio_postgres::Client) -> Result<Value, RelayError> {
+async fn delivery_state(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    host: &source::SlotHost,
+) -> Result<Value, RelayError> {
     let state = crate::slot::state::load_if_present(sql, &cfg.source.slot).await?;
     let Some(st) = state else {
         return Ok(Value::Null);
     };
-    let slot = source::slot_state(cfg, sql).await?;
+    let slot = source::slot_state(cfg, host.sql(sql)).await?;
     let identity = crate::slot::state::identity(sql).await?;
     let verdict = match crate::slot::guard::decide(
         Some(&st),
@@ -182,6 +213,15 @@ pub fn render(v: &Value) -> String {
     let mut out = String::new();
     let mut row = |k: &str, val: String| out.push_str(&format!("{k:<28} {val}\n"));
     row("slot", g("/slot/name"));
+    row("  lives on", g("/slot/server"));
+    if v.pointer("/slot/standby_replay_lag_bytes")
+        .is_some_and(|l| !l.is_null())
+    {
+        row(
+            "  standby replay lag bytes",
+            g("/slot/standby_replay_lag_bytes"),
+        );
+    }
     row("  active walsender pid", g("/slot/active_pid"));
     row("  active relay pid", g("/active_relay/relay_pid"));
     row("  confirmed_flush_lsn", g("/slot/confirmed_flush_lsn"));
@@ -254,11 +294,18 @@ pub fn render(v: &Value) -> String {
         .into_iter()
         .flatten()
     {
-        row(
-            "table",
-            format!(
+        let line = match t["listed"].as_bool() {
+            Some(false) => format!(
+                "{}: NOT LISTED, open parked {} (not released: discard them, or list the \
+                 table again; `outboxd parked list`)",
+                t["table"]
+                    .as_str()
+                    .unwrap_or("(no table: parked by a one-table relay)"),
+                t["open_parked"]
+            ),
+            _ => format!(
                 "{}{}: published {}, open parked {}",
-                t["table"].as_str().unwrap_or("(no listed table)"),
+                t["table"].as_str().unwrap_or("-"),
                 match t["pattern"].as_str() {
                     Some(p) => format!(" (pattern {p})"),
                     None => String::new(),
@@ -268,9 +315,13 @@ pub fn render(v: &Value) -> String {
                     Some(false) => "NO",
                     None => "-",
                 },
-                t["open_parked"]
+                match &t["open_parked"] {
+                    Value::Null => "unavailable".to_string(),
+                    n => n.to_string(),
+                }
             ),
-        );
+        };
+        row("table", line);
     }
     match v.get("parked").and_then(Value::as_array) {
         Some(p) if !p.is_empty() => {

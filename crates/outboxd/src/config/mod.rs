@@ -103,7 +103,7 @@ impl Default for HeartbeatConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ValidationConfig {
     /// Directory of JSON Schemas, `<dir>/<event_type>/<schema_version>.json`; unset: no validation.
@@ -135,6 +135,13 @@ pub struct SourceConfig {
     /// A file holding the password (a mounted secret); read at start-up.
     #[serde(default)]
     pub password_file: Option<std::path::PathBuf>,
+    /// Where the replication stream and the slot live: a physical standby (Postgres 16+), so
+    /// the primary does not pay for decoding (R45). `dsn` stays the SQL connection for
+    /// outboxd's own tables and the outbox reads of recovery and replay, on the primary.
+    /// Unset: the stream and the slot live where `dsn` points. Same role, password and TLS
+    /// settings as `dsn` (a physical standby has the primary's roles).
+    #[serde(default)]
+    pub replication_dsn: Option<String>,
     #[serde(default = "d_publication")]
     pub publication: String,
     #[serde(default = "d_slot")]
@@ -450,13 +457,13 @@ impl Config {
             &cfg.source.dsn,
             cfg.source.password.as_deref(),
         );
-        if let Some(p) = cfg
-            .cleanup
-            .dsn
-            .as_deref()
-            .and_then(crate::config::secrets::dsn_password)
-        {
-            cfg.redactor.add(&p);
+        for dsn in [
+            cfg.cleanup.dsn.as_deref(),
+            cfg.source.replication_dsn.as_deref(),
+        ] {
+            if let Some(p) = dsn.and_then(crate::config::secrets::dsn_password) {
+                cfg.redactor.add(&p);
+            }
         }
         cfg.validate().map_err(|e| match e {
             ConfigError::Invalid(m) => invalid(cfg.redactor.scrub(&m)),
@@ -496,6 +503,12 @@ impl Config {
         if let Some(topic) = t.topic {
             self.sink.topic = topic;
         }
+        if let Some(p) = t.policy {
+            self.policy = p.merged(&self.policy);
+        }
+        if let Some(v) = t.validation {
+            self.validation = v.merged(&self.validation);
+        }
     }
 
     /// Every outbox table this relay reads, overrides applied, in configuration order.
@@ -510,6 +523,8 @@ impl Config {
                 columns: self.source.columns.clone(),
                 topic: self.sink.topic.clone(),
                 discovered: None,
+                policy: self.policy.clone(),
+                validation: self.validation.clone(),
             }];
         }
         self.source
@@ -530,6 +545,14 @@ impl Config {
                         .clone()
                         .unwrap_or_else(|| self.source.columns.clone()),
                     discovered: t.discovered.clone(),
+                    policy: match &t.policy {
+                        Some(p) => p.merged(&self.policy),
+                        None => self.policy.clone(),
+                    },
+                    validation: match &t.validation {
+                        Some(v) => v.merged(&self.validation),
+                        None => self.validation.clone(),
+                    },
                 }
             })
             .collect()
@@ -567,6 +590,8 @@ impl Config {
                 columns: entry.columns.clone(),
                 topic: entry.topic.clone(),
                 discovered: entry.pattern.clone(),
+                policy: entry.policy.clone(),
+                validation: entry.validation.clone(),
             });
         }
         c
@@ -605,6 +630,8 @@ impl Config {
         one.source.table = Some(t.label());
         one.source.columns = t.columns.clone();
         one.sink.topic = t.topic.clone();
+        one.policy = t.policy.clone();
+        one.validation = t.validation.clone();
         Ok(one)
     }
 
@@ -725,6 +752,49 @@ dsn = "postgres://u@127.0.0.1:5432/app"
             &format!("{BASE}[relay]\n{key} = {value}\n"),
             Vec::<(String, String)>::new(),
         )
+    }
+
+    #[test]
+    fn replication_dsn_is_checked_and_never_shown() {
+        let with = |dsn: &str| {
+            Config::from_toml_and_env(BASE, env(&[("OUTBOXD_SOURCE_REPLICATION_DSN", dsn)]))
+        };
+        let c = with("postgres://u:standby-secret@10.0.0.2:5432/app").unwrap();
+        assert_eq!(
+            c.source.replication_dsn.as_deref(),
+            Some("postgres://u:standby-secret@10.0.0.2:5432/app")
+        );
+        let shown = format!("{:?}", c.source);
+        assert!(shown.contains("replication_dsn"), "{shown}");
+        assert!(!shown.contains("standby-secret"), "{shown}");
+        assert!(c.redactor.scrub("x standby-secret y").contains("x "));
+        assert!(!c
+            .redactor
+            .scrub("x standby-secret y")
+            .contains("standby-secret"));
+        // The stream needs TCP: a socket directory is refused for replication_dsn, not dsn.
+        let e = with("host=/var/run/postgresql dbname=app")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("source.replication_dsn connects through the Unix socket"),
+            "{e}"
+        );
+        let e = with("postgres://u:sec ret@[bad").unwrap_err().to_string();
+        assert!(
+            e.contains("source.replication_dsn is not a valid Postgres DSN"),
+            "{e}"
+        );
+        assert!(!e.contains("sec ret"), "{e}");
+        let unix_dsn = BASE.replace(
+            "postgres://u@127.0.0.1:5432/app",
+            "host=/var/run/postgresql dbname=app",
+        );
+        let c = Config::from_toml_and_env(
+            &unix_dsn,
+            env(&[("OUTBOXD_SOURCE_REPLICATION_DSN", "host=10.0.0.2 dbname=app")]),
+        );
+        assert!(c.is_ok(), "SQL over a socket, the stream over TCP: {c:?}");
     }
 
     #[test]
@@ -973,6 +1043,125 @@ columns = { preset = "debezium" }
         .unwrap_err()
         .to_string();
         assert!(env.contains("config file"), "{env}");
+    }
+}
+
+#[cfg(test)]
+mod table_policy_tests {
+    use super::*;
+    use crate::poison::policy::{OnPoison, Ordering};
+
+    fn load(extra: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_and_env(
+            &format!(
+                "[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n\
+                 [source]\ndsn = \"postgres://u@h/db\"\n{extra}"
+            ),
+            Vec::<(String, String)>::new(),
+        )
+    }
+
+    const TWO: &str = r#"
+[policy]
+on_poison = "park"
+[policy.event_types.Ledger]
+on_poison = "halt"
+[validation]
+schema_dir = "schemas"
+[[source.tables]]
+name = "a.outbox"
+[source.tables.policy]
+ordering = "none"
+[source.tables.policy.event_types.Ledger]
+ordering = "aggregate"
+[source.tables.validation]
+schema_dir = "a-schemas"
+require_schema = true
+[[source.tables]]
+name = "b.outbox"
+"#;
+
+    #[test]
+    fn each_table_has_its_policy_and_schemas_merged_with_the_top_level() {
+        let c = load(TWO).unwrap();
+        let t = c.tables();
+        let (a, b) = (&t[0], &t[1]);
+        assert_eq!(a.policy.for_type("X").ordering, Ordering::None);
+        // A's own Ledger entry replaces the top-level one whole: on_poison from A's defaults.
+        assert_eq!(a.policy.for_type("Ledger").ordering, Ordering::Aggregate);
+        assert_eq!(a.policy.for_type("Ledger").on_poison, OnPoison::Park);
+        assert_eq!(
+            a.validation.schema_dir.as_deref(),
+            Some(std::path::Path::new("a-schemas"))
+        );
+        assert!(a.validation.require_schema);
+        // B sets nothing: the top-level policy and schemas.
+        assert_eq!(b.policy, c.policy);
+        assert_eq!(b.validation, c.validation);
+        assert_eq!(b.policy.for_type("Ledger").on_poison, OnPoison::Halt);
+        // replay's one-table view of A carries A's.
+        let one = c.for_table("a.outbox").unwrap();
+        assert_eq!(one.policy, a.policy);
+        assert_eq!(one.validation, a.validation);
+    }
+
+    #[test]
+    fn one_entry_folds_its_policy_and_schemas_like_its_columns() {
+        let c = load(
+            "[policy]\nordering = \"none\"\n[[source.tables]]\nname = \"app.events\"\n\
+             policy = { on_poison = \"halt\" }\nvalidation = { schema_dir = \"s\" }\n",
+        )
+        .unwrap();
+        assert!(!c.is_multi_table());
+        assert_eq!(c.policy.on_poison, OnPoison::Halt);
+        assert_eq!(c.policy.ordering, Ordering::None);
+        assert_eq!(
+            c.validation.schema_dir.as_deref(),
+            Some(std::path::Path::new("s"))
+        );
+        assert_eq!(c.tables()[0].policy, c.policy);
+    }
+
+    #[test]
+    fn ambiguous_or_contradictory_table_policies_are_refused_with_the_fix() {
+        let e = |t: &str| load(t).unwrap_err().to_string();
+        // A's default on_poison against the top-level Ledger entry's: which applies to Ledger?
+        let ambiguous = r#"
+[policy.event_types.Ledger]
+on_poison = "halt"
+[[source.tables]]
+name = "a.outbox"
+policy = { on_poison = "park" }
+[[source.tables]]
+name = "b.outbox"
+"#;
+        let m = e(ambiguous);
+        assert!(
+            m.contains("source.tables[0] (a.outbox)")
+                && m.contains("policy.on_poison = \"park\"")
+                && m.contains("[policy.event_types.Ledger] on_poison = \"halt\"")
+                && m.contains("[source.tables.policy.event_types.Ledger]"),
+            "{m}"
+        );
+        // Saying it for Ledger in the table settles it.
+        load(&ambiguous.replace(
+            "policy = { on_poison = \"park\" }",
+            "policy = { on_poison = \"park\", event_types = { Ledger = { on_poison = \"halt\" } } }",
+        ))
+        .unwrap();
+        // The same value is no contradiction.
+        load(&ambiguous.replace("\"park\"", "\"halt\"")).unwrap();
+        let no_dir = "[[source.tables]]\nname = \"a\"\nvalidation = { require_schema = true }\n\
+                      [[source.tables]]\nname = \"b\"\n";
+        let m = e(no_dir);
+        assert!(
+            m.contains("source.tables[0] (a)") && m.contains("schema_dir"),
+            "{m}"
+        );
+        let typo = "[[source.tables]]\nname = \"a\"\npolicy = { on_poision = \"halt\" }\n";
+        assert!(e(typo).contains("on_poision"), "{}", e(typo));
+        let bad = "[[source.tables]]\nname = \"a\"\npolicy = { ordering = \"table\" }\n";
+        assert!(e(bad).contains("table"), "{}", e(bad));
     }
 }
 

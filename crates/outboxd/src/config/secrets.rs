@@ -109,8 +109,10 @@ pub fn of_table(root: &toml::Table) -> Redactor {
         if let Some(p) = src.get("password") {
             r.add(&text(p));
         }
-        if let Some(p) = src.get("dsn").map(text).as_deref().and_then(dsn_password) {
-            r.add(&p);
+        for key in ["dsn", "replication_dsn"] {
+            if let Some(p) = src.get(key).map(text).as_deref().and_then(dsn_password) {
+                r.add(&p);
+            }
         }
     }
     r
@@ -219,6 +221,10 @@ impl std::fmt::Debug for SourceConfig {
             .field("dsn", &redact_dsn(&self.dsn))
             .field("password", &self.password.as_ref().map(|_| REDACTED))
             .field("password_file", &self.password_file)
+            .field(
+                "replication_dsn",
+                &self.replication_dsn.as_deref().map(redact_dsn),
+            )
             .field("publication", &self.publication)
             .field("slot", &self.slot)
             .field("table", &self.table)

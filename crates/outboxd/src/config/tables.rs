@@ -1,12 +1,16 @@
 //! The outbox tables a relay reads (R44): `[[source.tables]]` entries, or the one-table
 //! shorthand `source.table`. Every table goes through the same slot and publication; each has
-//! its own column mapping and topic template (unset: `[source.columns]` and `[sink] topic`).
+//! its own column mapping and topic template (unset: `[source.columns]` and `[sink] topic`),
+//! and its own poison policy and schemas (`[source.tables.policy]` and
+//! `[source.tables.validation]`, merged with `[policy]` and `[validation]`).
 //!
 //! A leaf module: the resolved [`OutboxTable`] is what the relay's stages, `init` and `check`
 //! share, so none of them reaches into the configuration's raw fields.
 
+use crate::poison::policy::{PolicyConfig, PolicyOverride};
 use crate::relay::route::Columns;
 use serde::Deserialize;
+use std::path::PathBuf;
 
 /// The table `source.table` names when neither it nor `source.tables` is set.
 pub const DEFAULT_TABLE: &str = "public.outbox";
@@ -38,6 +42,34 @@ pub struct TableEntry {
     /// Set on the entries a session adds for the tables a pattern matched (the pattern).
     #[serde(skip)]
     pub discovered: Option<String>,
+    /// This table's poison-event policy, merged with `[policy]` ([`PolicyOverride`]).
+    #[serde(default)]
+    pub policy: Option<PolicyOverride>,
+    /// This table's JSON Schema checks, merged with `[validation]` ([`ValidationOverride`]).
+    #[serde(default)]
+    pub validation: Option<ValidationOverride>,
+}
+
+/// `[source.tables.validation]`: each key set replaces `[validation]`'s for this table, so a
+/// table may validate against schemas of its own (`schema_dir`) or demand one per event type
+/// (`require_schema`) while the others do not.
+#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ValidationOverride {
+    #[serde(default)]
+    pub schema_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub require_schema: Option<bool>,
+}
+
+impl ValidationOverride {
+    /// `top` with this table's keys applied.
+    pub fn merged(&self, top: &super::ValidationConfig) -> super::ValidationConfig {
+        super::ValidationConfig {
+            schema_dir: self.schema_dir.clone().or_else(|| top.schema_dir.clone()),
+            require_schema: self.require_schema.unwrap_or(top.require_schema),
+        }
+    }
 }
 
 /// One outbox table as the relay reads it: every override applied.
@@ -50,6 +82,10 @@ pub struct OutboxTable {
     pub topic: String,
     /// The pattern that matched it, when it is not listed by name.
     pub discovered: Option<String>,
+    /// `[policy]` with this table's overrides merged in.
+    pub policy: PolicyConfig,
+    /// `[validation]` with this table's overrides merged in.
+    pub validation: super::ValidationConfig,
 }
 
 impl OutboxTable {
@@ -133,6 +169,61 @@ pub fn split(name: &str) -> (String, String) {
     }
 }
 
+/// Which listed table a parked event belongs to, by the `source_table` header its stored
+/// record carries (`stored`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParkedTable<'a> {
+    /// The listed table at this index (configuration order).
+    Listed(usize),
+    /// A table this configuration does not list (any more): nothing here may release it.
+    Unlisted(&'a str),
+    /// No header, and several tables listed: parked before the relay listed several tables
+    /// (by a one-table relay), so nothing says which.
+    Unknown,
+}
+
+impl<'a> ParkedTable<'a> {
+    /// `labels`: the listed tables' `schema.table`, in configuration order. Without a header,
+    /// a one-table configuration's only table (its records carry none).
+    pub fn of(labels: &[String], stored: Option<&'a str>) -> Self {
+        match stored {
+            Some(l) => match labels.iter().position(|x| x == l) {
+                Some(i) => Self::Listed(i),
+                None => Self::Unlisted(l),
+            },
+            None if labels.len() == 1 => Self::Listed(0),
+            None => Self::Unknown,
+        }
+    }
+
+    /// Why an event of no listed table is not released, and what to do; `None` when listed.
+    pub fn not_listed(&self) -> Option<String> {
+        match self {
+            Self::Listed(_) => None,
+            Self::Unlisted(t) => Some(format!(
+                "parked from {t}, which this configuration does not list (any more): no listed \
+                 table's mapping, topic or row may release it. Discard it (`outboxd parked \
+                 discard`), or list {t} again and retry it"
+            )),
+            Self::Unknown => Some(
+                "parked before this relay listed several tables (its record names no \
+                 source_table), so nothing says which table's mapping, topic and row apply. \
+                 Discard it (`outboxd parked discard`), or retry it with the one-table \
+                 configuration that parked it"
+                    .to_string(),
+            ),
+        }
+    }
+}
+
+/// The `source_table` header of a stored record's headers, if any.
+pub fn stored_table(headers: &[(String, Option<String>)]) -> Option<&str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == SOURCE_TABLE_HEADER)
+        .and_then(|(_, v)| v.as_deref())
+}
+
 /// The message of a capability that reads the outbox table but not yet several of them: it
 /// refuses a multi-table configuration rather than skip a table.
 pub fn not_with_several(what: &str, tables: &[OutboxTable]) -> String {
@@ -171,5 +262,40 @@ mod tests {
             topic_for("t.{schema}.{table}.{aggregate_type}", "s", "o"),
             "t.s.o.{aggregate_type}"
         );
+    }
+
+    #[test]
+    fn a_parked_event_belongs_to_the_table_its_record_names() {
+        let two = ["a.outbox".to_string(), "b.outbox".to_string()];
+        assert_eq!(
+            ParkedTable::of(&two, Some("b.outbox")),
+            ParkedTable::Listed(1)
+        );
+        assert_eq!(
+            ParkedTable::of(&two, Some("old.outbox")),
+            ParkedTable::Unlisted("old.outbox")
+        );
+        assert_eq!(ParkedTable::of(&two, None), ParkedTable::Unknown);
+        // One table: its records name none; a record naming another table is not its.
+        let one = ["a.outbox".to_string()];
+        assert_eq!(ParkedTable::of(&one, None), ParkedTable::Listed(0));
+        assert_eq!(
+            ParkedTable::of(&one, Some("a.outbox")),
+            ParkedTable::Listed(0)
+        );
+        assert_eq!(
+            ParkedTable::of(&one, Some("b.outbox")),
+            ParkedTable::Unlisted("b.outbox")
+        );
+        assert!(ParkedTable::Listed(0).not_listed().is_none());
+        let why = ParkedTable::Unlisted("old.outbox").not_listed().unwrap();
+        assert!(
+            why.contains("old.outbox") && why.contains("discard"),
+            "{why}"
+        );
+        assert!(ParkedTable::Unknown
+            .not_listed()
+            .unwrap()
+            .contains("one-table"));
     }
 }

@@ -86,6 +86,7 @@ impl Config {
                     ))
                 })?;
             }
+            self.validate_table_policy(i, t)?;
         }
         self.refuse_ambiguous()?;
         if s.tables.len() > MAX_TABLES {
@@ -94,6 +95,40 @@ impl Config {
                  is a metric label value): split them across relays",
                 s.tables.len()
             )));
+        }
+        Ok(())
+    }
+
+    /// A table's `policy` and `validation` overrides: nothing ambiguous about which setting
+    /// applies to an event type, and no schema demanded without a directory to find it in.
+    fn validate_table_policy(
+        &self,
+        i: usize,
+        t: &super::tables::TableEntry,
+    ) -> Result<(), ConfigError> {
+        let what = t.pattern.as_deref().unwrap_or(&t.name);
+        if let Some((event_type, key, ours, theirs)) =
+            t.policy.as_ref().and_then(|p| p.conflicts(&self.policy))
+        {
+            return Err(invalid(format!(
+                "source.tables[{i}] ({}): policy.{key} = {ours:?} contradicts \
+                 [policy.event_types.{event_type}] {key} = {theirs:?}, and nothing says which \
+                 applies to {event_type} events of this table: add \
+                 [source.tables.policy.event_types.{event_type}] with the {key} this table \
+                 wants (a table's entry replaces the top-level one; see docs/configuration.md, \
+                 \"Several outbox tables\")",
+                what
+            )));
+        }
+        if let Some(v) = &t.validation {
+            if v.require_schema == Some(true) && v.merged(&self.validation).schema_dir.is_none() {
+                return Err(invalid(format!(
+                    "source.tables[{i}] ({}): validation.require_schema = true but neither the \
+                     table nor [validation] sets schema_dir: set the directory its schemas are \
+                     in (validation = {{ schema_dir = \"…\", require_schema = true }})",
+                    what
+                )));
+            }
         }
         Ok(())
     }
@@ -134,13 +169,21 @@ impl Config {
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let s = &self.source;
-        let dsn = tokio_postgres::Config::from_str(&s.dsn)
-            .map_err(|e| invalid(format!("source.dsn is not a valid Postgres DSN: {e}")))?;
+        // The stream opens where replication_dsn points, else where dsn does: that one needs TCP.
+        let stream_key = match &s.replication_dsn {
+            Some(r) => {
+                parse_dsn("source.dsn", &s.dsn)?;
+                (r, "source.replication_dsn")
+            }
+            None => (&s.dsn, "source.dsn"),
+        };
+        let dsn = parse_dsn(stream_key.1, stream_key.0)?;
         if let Some(tokio_postgres::config::Host::Unix(dir)) = dsn.get_hosts().first() {
             // The replication client speaks TCP only (and Postgres offers no TLS on sockets).
             return Err(invalid(format!(
-                "source.dsn connects through the Unix socket in {}: the replication stream needs \
+                "{} connects through the Unix socket in {}: the replication stream needs \
                  TCP; use host=127.0.0.1 (or the server's address)",
+                stream_key.1,
                 dir.display()
             )));
         }
@@ -302,8 +345,7 @@ impl Config {
             return Err(invalid("cleanup.max_rows_per_run must be positive"));
         }
         if let Some(dsn) = &c.dsn {
-            tokio_postgres::Config::from_str(dsn)
-                .map_err(|e| invalid(format!("cleanup.dsn is not a valid Postgres DSN: {e}")))?;
+            parse_dsn("cleanup.dsn", dsn)?;
         }
         Ok(())
     }
@@ -317,4 +359,11 @@ fn plain_ident(p: &str) -> bool {
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && p.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+}
+
+/// A DSN the relay connects with, or the reason it cannot be read (never the DSN itself: it may
+/// hold a password).
+fn parse_dsn(key: &str, dsn: &str) -> Result<tokio_postgres::Config, ConfigError> {
+    tokio_postgres::Config::from_str(dsn)
+        .map_err(|e| invalid(format!("{key} is not a valid Postgres DSN: {e}")))
 }

@@ -19,6 +19,7 @@ pub const UP: &str = "outboxd_up";
 pub const ROLE_ACTIVE: &str = "outboxd_role_active";
 pub const HALTED: &str = "outboxd_halted";
 pub const SLOT_LAG_BYTES: &str = "outboxd_slot_lag_bytes";
+pub const STANDBY_REPLAY_LAG_BYTES: &str = "outboxd_standby_replay_lag_bytes";
 pub const SLOT_RETAINED_WAL_BYTES: &str = "outboxd_slot_retained_wal_bytes";
 pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outboxd_slot_safe_wal_size_bytes";
 pub const SLOT_WAL_STATUS: &str = "outboxd_slot_wal_status";
@@ -89,6 +90,10 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         SLOT_LAG_BYTES,
         "pg_current_wal_lsn() - confirmed_flush_lsn of the slot",
+    ),
+    (
+        STANDBY_REPLAY_LAG_BYTES,
+        "with the slot on a standby (source.replication_dsn): the primary's WAL end - the standby's replay position",
     ),
     (
         SLOT_RETAINED_WAL_BYTES,

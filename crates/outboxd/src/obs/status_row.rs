@@ -4,6 +4,7 @@
 //! reads back. All of its SQL lives here.
 
 use crate::error::RelayError;
+use crate::relay::slot_host::SlotHost;
 use serde_json::{json, Value};
 use tokio_postgres::Client;
 
@@ -40,19 +41,28 @@ pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
 /// look alive. `false`: the slot is no longer ours.
 pub async fn beat(
     sql: &Client,
+    host: &SlotHost,
     slot: &str,
     instance: &str,
     walsender: i32,
     since: chrono::DateTime<chrono::Utc>,
 ) -> Result<bool, RelayError> {
+    // The slot on a standby: the holder check there, then the beat (relay::slot_host).
+    if host.is_separate() && !host.holds(sql, slot, walsender).await? {
+        return Ok(false);
+    }
+    let held = host.holder_clause(
+        "EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $3)",
+    );
     let n = sql
         .execute(
-            "INSERT INTO outboxd_status AS st (slot, instance, alive_at, holder_pid, \
+            &format!(
+                "INSERT INTO outboxd_status AS st (slot, instance, alive_at, holder_pid, \
                  holder_instance, holder_since) \
-             SELECT $1::text, $2::text, now(), $3::int4, $2::text, $4::timestamptz FROM pg_replication_slots \
-              WHERE slot_name = $1 AND active_pid = $3 \
+             SELECT $1::text, $2::text, now(), $3::int4, $2::text, $4::timestamptz WHERE {held} \
              ON CONFLICT (slot) DO UPDATE SET alive_at = now(), holder_pid = EXCLUDED.holder_pid, \
-                 holder_instance = EXCLUDED.holder_instance, holder_since = EXCLUDED.holder_since",
+                 holder_instance = EXCLUDED.holder_instance, holder_since = EXCLUDED.holder_since"
+            ),
             &[&slot, &instance, &walsender, &since],
         )
         .await?;
@@ -72,8 +82,40 @@ pub struct Liveness {
     pub instance: Option<String>,
 }
 
-/// The slot's holder and its last beat (`None`: no such slot).
-pub async fn liveness(sql: &Client, slot: &str) -> Result<Option<Liveness>, RelayError> {
+/// The slot's holder and its last beat (`None`: no such slot). With the slot on a standby,
+/// two reads: the slot there, the beat on the primary (its clock, as the beats').
+pub async fn liveness(
+    sql: &Client,
+    host: &SlotHost,
+    slot: &str,
+) -> Result<Option<Liveness>, RelayError> {
+    if host.is_separate() {
+        let Some(s) = host
+            .sql(sql)
+            .query_opt(
+                "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let st = sql
+            .query_opt(
+                "SELECT holder_pid, extract(epoch FROM now() - alive_at)::float8, holder_instance \
+                 FROM outboxd_status WHERE slot = $1",
+                &[&slot],
+            )
+            .await?;
+        return Ok(Some(Liveness {
+            active_pid: s.get(0),
+            confirmed: s.get(1),
+            beat_pid: st.as_ref().and_then(|r| r.get(0)),
+            silent_s: st.as_ref().and_then(|r| r.get(1)),
+            instance: st.as_ref().and_then(|r| r.get(2)),
+        }));
+    }
     let row = sql
         .query_opt(
             "SELECT s.active_pid, s.confirmed_flush_lsn::text, st.holder_pid, \
@@ -96,13 +138,39 @@ pub async fn liveness(sql: &Client, slot: &str) -> Result<Option<Liveness>, Rela
 /// it, its last beat is older than `silent_s` and the slot's position is still `confirmed`: the
 /// checks and the kill are one statement, so a holder that beat or confirmed since the
 /// standby's last look is left alone. `true`: the signal was sent.
+///
+/// With the slot on a standby the beat is checked on the primary first, then the holder and
+/// its position are checked and the walsender killed in one statement on the standby.
 pub async fn terminate_silent_holder(
     sql: &Client,
+    host: &SlotHost,
     slot: &str,
     pid: i32,
     silent_s: f64,
     confirmed: &str,
 ) -> Result<bool, RelayError> {
+    if host.is_separate() {
+        let stale: bool = sql
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM outboxd_status WHERE slot = $1 AND holder_pid = $2 \
+                   AND alive_at < now() - make_interval(secs => $3))",
+                &[&slot, &pid, &silent_s],
+            )
+            .await?
+            .get(0);
+        if !stale {
+            return Ok(false);
+        }
+        let row = host
+            .sql(sql)
+            .query_opt(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid = $2 AND confirmed_flush_lsn::text = $3",
+                &[&slot, &pid, &confirmed],
+            )
+            .await?;
+        return Ok(row.is_some_and(|r| r.get::<_, bool>(0)));
+    }
     let row = sql
         .query_opt(
             "SELECT pg_terminate_backend(s.active_pid) \

@@ -170,6 +170,10 @@ impl Watch {
 pub struct View<'a> {
     pub slot: &'a str,
     pub sql: &'a Client,
+    /// The slot's server: `sql` itself, or the standby of `source.replication_dsn`.
+    pub slot_sql: &'a Client,
+    /// The slot lives on a standby (`slot_sql` is another server than `sql`).
+    pub separate: bool,
     pub in_flight: &'a InFlight,
     pub observed: &'a obs::Observed,
 }
@@ -279,15 +283,40 @@ impl Watch {
     }
 
     async fn slot_health(&mut self, v: &View<'_>) -> Result<(), RelayError> {
-        let row = v
-            .sql
-            .query_opt(
-                "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::float8, \
-                        (pg_current_wal_lsn() - restart_lsn)::float8, wal_status, safe_wal_size::float8 \
-                 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&v.slot],
-            )
-            .await?;
+        // Lags count from the primary's WAL end; on a standby, the slot's retained WAL from its
+        // own replay position (`pg_current_wal_lsn` fails during recovery).
+        let row = if v.separate {
+            let end: String = v
+                .sql
+                .query_one("SELECT pg_current_wal_lsn()::text", &[])
+                .await?
+                .get(0);
+            let row = v
+                .slot_sql
+                .query_opt(
+                    "SELECT ($2::text::pg_lsn - confirmed_flush_lsn)::float8, \
+                            (coalesce(pg_last_wal_replay_lsn(), pg_current_wal_lsn()) \
+                               - restart_lsn)::float8, \
+                            wal_status, safe_wal_size::float8, \
+                            ($2::text::pg_lsn - pg_last_wal_replay_lsn())::float8 \
+                     FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&v.slot, &end],
+                )
+                .await?;
+            if let Some(lag) = row.as_ref().and_then(|r| r.get::<_, Option<f64>>(4)) {
+                metrics::gauge!(obs::STANDBY_REPLAY_LAG_BYTES).set(lag.max(0.0));
+            }
+            row
+        } else {
+            v.sql
+                .query_opt(
+                    "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::float8, \
+                            (pg_current_wal_lsn() - restart_lsn)::float8, wal_status, safe_wal_size::float8 \
+                     FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&v.slot],
+                )
+                .await?
+        };
         let Some(row) = row else { return Ok(()) };
         metrics::gauge!(obs::SLOT_LAG_BYTES).set(row.get::<_, Option<f64>>(0).unwrap_or(0.0));
         metrics::gauge!(obs::SLOT_RETAINED_WAL_BYTES)

@@ -1,8 +1,13 @@
 //! What a session does with poison events: park a deterministic failure (or halt), hold later
 //! events of a blocked aggregate behind it, and release repaired ones one at a time, in order.
 //! All SQL is in [`crate::poison::store`]; the session's SQL connection is lent per call.
+//!
+//! With several outbox tables each table has its own policy and schemas, and an aggregate is
+//! held per table: a parked event of table T holds later events of its aggregate in T only
+//! (ordering is per aggregate within a table). A parked event that names no table (parked by
+//! a one-table relay) holds its aggregate in every table, since nothing says which it was.
 
-use crate::config::tables::SOURCE_TABLE_HEADER;
+use crate::config::tables::{stored_table, ParkedTable, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
@@ -40,13 +45,36 @@ struct ReleaseRoute {
     null_default: NullPayload,
     /// A release goes out only when the outbox row (or an operator's audit row) vouches for it.
     provenance: Provenance,
+    /// `[policy]` merged with this table's: what its poison events do, whether they hold.
+    policy: PolicyConfig,
+    /// This table's schemas (`[validation]` merged with its own), for live and released events.
+    validator: Option<Validator>,
+}
+
+impl ReleaseRoute {
+    fn of(t: &crate::config::tables::OutboxTable, tagged: bool) -> Result<Self, RelayError> {
+        Ok(Self {
+            label: t.label(),
+            topic: TopicTemplate::parse(&t.topic)?,
+            names: t.columns.resolve()?,
+            null_default: match t.columns.preset {
+                crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
+                crate::relay::route::Preset::Outboxd => NullPayload::Park,
+            },
+            provenance: Provenance::new(t, tagged)?,
+            policy: t.policy.clone(),
+            validator: Validator::from_config(&t.validation),
+        })
+    }
 }
 
 /// See the module docs. One per session.
 pub struct PoisonHandler {
     slot: String,
+    /// `[policy]`, for a poison event of no listed table (none reach the live path: every
+    /// record of a relay with several tables names its table).
     policy: PolicyConfig,
-    /// Aggregates with a parked event at their head: type → id → the head's event_id.
+    /// Aggregates with a parked event at their head: type → id → (table, head event_id).
     blocked: Blocked,
     releasing: Option<Releasing>,
     observed: Arc<Observed>,
@@ -56,7 +84,6 @@ pub struct PoisonHandler {
     /// Records carry the `source_table` header ([`Config::tags_records`]).
     tagged: bool,
     topic_buf: String,
-    validator: Option<Validator>,
     /// Outside the stream (replay): park nothing, hold nothing; every poison event is an error.
     refuse_all: bool,
 }
@@ -68,7 +95,10 @@ impl PoisonHandler {
         sql: &Client,
         observed: Arc<Observed>,
     ) -> Result<Self, RelayError> {
-        parking::ensure_tables(sql).await?;
+        match cfg.is_multi_table() {
+            true => parking::ensure_tables_per_table(sql).await?,
+            false => parking::ensure_tables(sql).await?,
+        }
         let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
         Self::with(cfg, blocked, observed, false)
     }
@@ -95,65 +125,79 @@ impl PoisonHandler {
             routes: cfg
                 .tables()
                 .iter()
-                .map(|t| {
-                    Ok(ReleaseRoute {
-                        label: t.label(),
-                        topic: TopicTemplate::parse(&t.topic)?,
-                        names: t.columns.resolve()?,
-                        null_default: match t.columns.preset {
-                            crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
-                            crate::relay::route::Preset::Outboxd => NullPayload::Park,
-                        },
-                        provenance: Provenance::new(t, cfg.tags_records())?,
-                    })
-                })
+                .map(|t| ReleaseRoute::of(t, cfg.tags_records()))
                 .collect::<Result<_, RelayError>>()?,
             tagged: cfg.tags_records(),
             topic_buf: String::new(),
-            validator: Validator::from_config(&cfg.validation),
             refuse_all,
         })
+    }
+
+    /// A table the session reads from now on, at the next index (a table a pattern matched
+    /// that left the publication while the stream still holds its rows,
+    /// [`crate::relay::outboxes::Outboxes::adopt`]).
+    pub fn add_table(&mut self, t: &crate::config::tables::OutboxTable) -> Result<(), RelayError> {
+        self.routes.push(ReleaseRoute::of(t, self.tagged)?);
+        Ok(())
     }
 
     /// Is a NULL payload of this type, from the listed table at index `table`, poison
     /// (`park`) rather than a tombstone?
     pub fn parks_null_payload(&self, event_type: &str, table: usize) -> bool {
-        self.policy
-            // A table adopted mid-session (crate::relay::outboxes) has no route: park.
-            .null_payload(
-                event_type,
-                self.routes
-                    .get(table)
-                    .map_or(NullPayload::Park, |r| r.null_default),
-            )
-            == NullPayload::Park
+        let route = &self.routes[table];
+        route.policy.null_payload(event_type, route.null_default) == NullPayload::Park
     }
 
-    /// The listed table a parked event came from: the only one, or the one its
-    /// `source_table` header names. A forged header only picks the table whose row must then
-    /// vouch for the copy ([`Provenance`]), so it cannot route a record another table's way
-    /// unless that table holds exactly that event.
-    fn route_of(&self, rec: &parking::ParkedRecord) -> Option<usize> {
-        if self.routes.len() == 1 {
-            return Some(0);
+    /// Checks a live event's payload against its table's schema, if that table validates.
+    pub fn check_schema(
+        &mut self,
+        table: usize,
+        event_type: &str,
+        schema_version: &str,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        match self.routes[table].validator.as_mut() {
+            Some(v) => v.check(event_type, schema_version, payload),
+            None => Ok(()),
         }
-        let (_, label) = rec.headers.iter().find(|(k, _)| k == SOURCE_TABLE_HEADER)?;
-        let label = label.as_deref()?;
-        self.routes.iter().position(|r| r.label == label)
     }
 
-    /// The parked event this event must wait behind, when its type orders by aggregate and the
-    /// aggregate is blocked.
+    /// Which listed table a parked event came from (see [`ParkedTable`]). A forged header
+    /// only picks the table whose row must then vouch for the copy ([`Provenance`]), so it
+    /// cannot route a record another table's way unless that table holds exactly that event.
+    fn table_of<'r>(&self, rec: &'r parking::ParkedRecord) -> ParkedTable<'r> {
+        let labels: Vec<String> = self.routes.iter().map(|r| r.label.clone()).collect();
+        ParkedTable::of(&labels, stored_table(&rec.headers))
+    }
+
+    fn route_of(&self, rec: &parking::ParkedRecord) -> Option<usize> {
+        match self.table_of(rec) {
+            ParkedTable::Listed(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// The parked event this event of the listed table at index `table` must wait behind, when
+    /// its type orders by aggregate (in its table's policy) and the aggregate is blocked in
+    /// its table.
     pub fn blocked_by(
         &self,
         event_type: &str,
+        table: usize,
         aggregate_type: &str,
         aggregate_id: &str,
     ) -> Option<String> {
-        if self.policy.for_type(event_type).ordering != Ordering::Aggregate {
+        let route = &self.routes[table];
+        if route.policy.for_type(event_type).ordering != Ordering::Aggregate {
             return None;
         }
-        self.blocked.get(aggregate_type)?.get(aggregate_id).cloned()
+        // What its record's `source_table` header says (none with one table).
+        let ours = self.tagged.then_some(route.label.as_str());
+        let heads = self.blocked.get(aggregate_type)?.get(aggregate_id)?;
+        heads
+            .iter()
+            .find(|(t, _)| parking::hold_each_other(t.as_deref(), ours))
+            .map(|(_, head)| head.clone())
     }
 
     /// A deterministic failure: park (and block the aggregate if its policy says so) or halt.
@@ -165,7 +209,10 @@ impl PoisonHandler {
         message: &str,
     ) -> Result<(), RelayError> {
         let event_type = rec.event_type.clone().unwrap_or_default();
-        let pol = self.policy.for_type(&event_type);
+        let pol = match self.route_of(&rec) {
+            Some(i) => self.routes[i].policy.for_type(&event_type),
+            None => self.policy.for_type(&event_type),
+        };
         let label = self.observed.labels.event_type(&event_type).into_owned();
         metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class.to_string())
             .increment(1);
@@ -207,8 +254,12 @@ impl PoisonHandler {
             "event parked: {message}"
         );
         if blocks && matches!(state.as_str(), "parked" | "blocked" | "retry") {
+            let table = stored_table(&rec.headers).map(str::to_string);
             if let (Some(t), Some(a)) = (rec.aggregate_type, rec.aggregate_id) {
-                self.blocked.entry(t).or_default().insert(a, rec.event_id);
+                let heads = self.blocked.entry(t).or_default().entry(a).or_default();
+                if !heads.iter().any(|(h, _)| *h == table) {
+                    heads.push((table, rec.event_id));
+                }
             }
         }
         Ok(())
@@ -267,14 +318,15 @@ impl PoisonHandler {
         let Some(r) = parking::next_release(sql, &self.slot).await? else {
             return Ok(());
         };
-        let Some(route_ix) = self.route_of(&r.record) else {
-            let message = "the parked copy names no listed outbox table (source_table header \
-                           missing or not in source.tables), so nothing says which table's row \
-                           vouches for it or how to route it: check it with `outboxd parked \
-                           show`, then `discard` it (or republish it with a one-table relay)";
-            parking::mark_failed(sql, r.id, "unknown_table", message).await?;
-            tracing::error!(event_id = %r.record.event_id, "parked event not released: {message}");
-            return Ok(());
+        let route_ix = match self.table_of(&r.record) {
+            ParkedTable::Listed(i) => i,
+            other => {
+                // Never through another table's mapping, topic or row.
+                let message = other.not_listed().unwrap_or_default();
+                parking::mark_failed(sql, r.id, "unknown_table", &message).await?;
+                tracing::error!(event_id = %r.record.event_id, "parked event not released: {message}");
+                return Ok(());
+            }
         };
         // Never what nobody vouches for (see poison::provenance).
         let refused = match self.routes[route_ix].provenance.check(sql, &r).await? {
@@ -323,7 +375,7 @@ impl PoisonHandler {
             Ok((record, schema_version)) => {
                 // A NULL event type (Debezium preset) is checked as "", like the live path.
                 let t = record.event_type.as_deref().unwrap_or("");
-                let checked = match (&mut self.validator, &record.payload) {
+                let checked = match (&mut route.validator, &record.payload) {
                     (Some(v), Some(p)) => v.check(t, &schema_version, p),
                     _ => Ok(()),
                 };
@@ -384,11 +436,14 @@ impl PoisonHandler {
             }
         }
         if let (Some(t), Some(a)) = (&rel.aggregate_type, &rel.aggregate_id) {
-            if !parking::still_blocked(sql, &self.slot, t, a).await? {
-                if let Some(m) = self.blocked.get_mut(t) {
-                    m.remove(a);
-                }
-            }
+            // Its aggregate's heads in every table, afresh: the release may have freed its own
+            // table's hold and no other.
+            let heads = parking::heads_of(sql, &self.slot, t, a).await?;
+            let ids = self.blocked.entry(t.clone()).or_default();
+            match heads.is_empty() {
+                true => ids.remove(a),
+                false => ids.insert(a.clone(), heads),
+            };
         }
         self.release_next(sql, producer).await
     }

@@ -2,6 +2,7 @@
 //! tracker → confirmer.
 
 pub(crate) mod ack;
+pub(crate) mod address;
 pub(crate) mod gulp;
 pub(crate) mod in_flight;
 pub(crate) mod kafka;
@@ -10,6 +11,7 @@ pub(crate) mod outboxes;
 pub(crate) mod pgoutput;
 pub(crate) mod route;
 pub(crate) mod session;
+pub(crate) mod slot_host;
 pub(crate) mod source;
 pub(crate) mod stages;
 pub(crate) mod table_reader;

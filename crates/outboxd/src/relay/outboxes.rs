@@ -6,7 +6,7 @@
 //! listed table's Relation is resolved against that table's mapping; other published tables'
 //! changes are counted and ignored.
 
-use crate::config::tables::{Pattern, SOURCE_TABLE_HEADER};
+use crate::config::tables::{OutboxTable, Pattern, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::pgoutput::Relation;
@@ -63,10 +63,12 @@ pub enum Lookup<'a> {
 /// See the module docs. One per session.
 pub struct Outboxes {
     tables: Vec<Outbox>,
-    /// `[[source.tables]]` patterns, each with its mapping and raw topic template: a table they
-    /// match that is not among `tables` joined while the session streamed
-    /// ([`crate::slot::join`]), or left the publication since (see [`Outboxes::adopt`]).
-    patterns: Vec<(Pattern, ColumnNames, String)>,
+    /// `[[source.tables]]` patterns, each with its entry's index: a table they match that is
+    /// not among `tables` joined while the session streamed ([`crate::slot::join`]), or left
+    /// the publication since (see [`Outboxes::adopt`]).
+    patterns: Vec<(usize, Pattern)>,
+    /// The configuration, for the settings of a table [`Outboxes::adopt`] reads (patterns only).
+    cfg: Option<Box<Config>>,
     tagged: bool,
     by_rel: HashMap<u32, (usize, RowMapping)>,
     others: HashSet<u32>,
@@ -89,22 +91,10 @@ impl Outboxes {
                 })
             })
             .collect::<Result<Vec<_>, RelayError>>()?;
-        let patterns = cfg
-            .patterns()
-            .into_iter()
-            .map(|(i, p)| {
-                let entry = &cfg.source.tables[i];
-                let columns = entry.columns.as_ref().unwrap_or(&cfg.source.columns);
-                let topic = entry
-                    .topic
-                    .clone()
-                    .unwrap_or_else(|| cfg.sink.topic.clone());
-                Ok((p, columns.resolve()?, topic))
-            })
-            .collect::<Result<Vec<_>, RelayError>>()?;
         Ok(Self {
             tables,
-            patterns,
+            patterns: cfg.patterns(),
+            cfg: cfg.has_patterns().then(|| Box::new(cfg.clone())),
             tagged,
             by_rel: HashMap::new(),
             others: HashSet::new(),
@@ -152,29 +142,33 @@ impl Outboxes {
     fn pattern_of(&self, rel: &Relation) -> Option<usize> {
         self.patterns
             .iter()
-            .position(|(p, ..)| p.matches(&rel.namespace, &rel.name))
+            .position(|(_, p)| p.matches(&rel.namespace, &rel.name))
     }
 
     /// Reads a table a pattern matches that is no longer in the publication (dropped, or
     /// removed from it) but whose rows the stream still holds from when it was: relayed through
     /// the pattern's mapping, like when it was one of the session's tables. (Ending the session
     /// instead would meet the same Relation message again in the next one, forever.)
-    pub fn adopt(&mut self, rel: &Relation) -> Result<(), RelayError> {
-        let Some(i) = self.pattern_of(rel) else {
-            return self.on_relation(rel);
+    /// Returns the table's settings (`None`: no pattern matches; read as any Relation).
+    pub fn adopt(&mut self, rel: &Relation) -> Result<Option<OutboxTable>, RelayError> {
+        let (Some(i), Some(cfg)) = (self.pattern_of(rel), self.cfg.as_ref()) else {
+            self.on_relation(rel)?;
+            return Ok(None);
         };
-        let (_, names, topic) = &self.patterns[i];
-        let topic = crate::config::tables::topic_for(topic, &rel.namespace, &rel.name);
-        let outbox = Outbox {
-            schema: rel.namespace.clone(),
-            name: rel.name.clone(),
-            names: names.clone(),
-            topic: TopicTemplate::parse(&topic)?,
-            label: Arc::from(format!("{}.{}", rel.namespace, rel.name)),
+        let found = [(rel.namespace.clone(), rel.name.clone(), self.patterns[i].0)];
+        let Some(t) = cfg.with_discovered(&found).tables().pop() else {
+            return Ok(None);
+        };
+        self.tables.push(Outbox {
+            schema: t.schema.clone(),
+            name: t.name.clone(),
+            names: t.columns.resolve()?,
+            topic: TopicTemplate::parse(&t.topic)?,
+            label: Arc::from(t.label()),
             tagged: self.tagged,
-        };
-        self.tables.push(outbox);
-        self.on_relation(rel)
+        });
+        self.on_relation(rel)?;
+        Ok(Some(t))
     }
 
     pub fn lookup(&self, rel: u32) -> Lookup<'_> {

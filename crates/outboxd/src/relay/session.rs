@@ -71,7 +71,8 @@ pub async fn run_session_as(
             cfg.source.publication
         )));
     }
-    let (slot, sender_timeout) = source::preflight_opt(cfg, &sql).await?;
+    let host = source::SlotHost::connect(cfg).await?;
+    let (slot, sender_timeout) = source::preflight_opt(cfg, &sql, &host).await?;
     if let Some(pid) = slot.as_ref().and_then(|s| s.active_pid) {
         return Err(RelayError::SlotBusy {
             slot: cfg.source.slot.clone(),
@@ -120,9 +121,15 @@ pub async fn run_session_as(
                     // older than the oldest one running now committed before the slot exists:
                     // not this relay's (the first delivered_xid).
                     first_xid = Some(sql_bounded(XidProbe::take(&sql)).await?.xmin);
-                    sql_bounded(source::create_slot_sql(cfg, &sql))
-                        .await?
-                        .confirmed_flush
+                    let create = source::create_slot_sql(cfg, &sql, &host);
+                    if host.in_recovery() {
+                        // A standby creates it once the primary logged its running
+                        // transactions: up to 15 s when outboxd may not ask for that record.
+                        create.await?
+                    } else {
+                        sql_bounded(create).await?
+                    }
+                    .confirmed_flush
                 }
                 _ => {
                     return Err(RelayError::Setup(format!(
@@ -144,7 +151,8 @@ pub async fn run_session_as(
         }
         Decision::Lost(loss) => {
             let manual = mode != Mode::Stream;
-            let p = recovery::prepare(cfg, &sql, &identity, &loss, manual, status_interval).await?;
+            let p = recovery::prepare(cfg, &sql, &host, &identity, &loss, manual, status_interval)
+                .await?;
             let start = p.start;
             recovery = Some(p);
             start
@@ -153,6 +161,7 @@ pub async fn run_session_as(
     let mut st = sql_bounded(Stages::new(
         cfg,
         sql,
+        host,
         start,
         observed.clone(),
         shadow.cloned(),
@@ -198,7 +207,7 @@ pub async fn run_session_as(
         "streaming"
     );
     // Beats while our walsender holds the slot; notices when a standby fenced us.
-    let mut holder = Holder::start(cfg, st.sql()).await?;
+    let mut holder = Holder::start(cfg, st.slot_sql()).await?;
     metrics::gauge!(crate::obs::ROLE_ACTIVE).set(1.0);
     metrics::gauge!(crate::obs::RETRY_BACKOFF).set(0.0);
     let health = &observed.health;
@@ -245,12 +254,12 @@ pub async fn run_session_as(
                 e = holder.lost() => return Err(e),
                 Some(ack) = acks.recv() => {
                     // An ack may release the next parked event: not from a fenced instance.
-                    holder.check_after_gap(cfg, st.sql()).await?;
+                    holder.check_after_gap(cfg, st.slot_sql()).await?;
                     st.on_ack(ack, &producer).await?
                 }
                 ev = stream.recv(), if room => {
                     // Events read before a freeze are not produced by a fenced instance.
-                    holder.check_after_gap(cfg, st.sql()).await?;
+                    holder.check_after_gap(cfg, st.slot_sql()).await?;
                     match ev? {
                         Some(ev) => st.on_event(ev, &producer).await?,
                         None => return Err(RelayError::Replication("stream ended".into())),
@@ -258,7 +267,7 @@ pub async fn run_session_as(
                     stream.settle(st.in_flight().in_transaction());
                 }
                 _ = tick.tick() => {
-                    holder.check_after_gap(cfg, st.sql()).await?;
+                    holder.check_after_gap(cfg, st.slot_sql()).await?;
                     sql_bounded(st.obs_tick(room)).await?;
                     if Instant::now() >= next_state {
                         next_state = Instant::now() + state_every;
@@ -348,7 +357,7 @@ pub async fn run_session_as(
             // Bounded: the session may be ending because this very connection went silent.
             let poll = tokio::time::timeout(
                 Duration::from_secs(1),
-                source::confirmed_flush(cfg, st.sql()),
+                source::confirmed_flush(cfg, st.slot_sql()),
             );
             match poll.await {
                 Ok(Ok(s)) if s >= c => break,
@@ -408,12 +417,15 @@ async fn save_state(
         .and_then(chrono::DateTime::from_timestamp_micros);
     sql_bounded(slot_state::advance(
         st.sql(),
+        st.host(),
         &cfg.source.slot,
         identity,
         walsender,
-        now.lsn,
-        mark,
-        now.xid,
+        slot_state::Progress {
+            lsn: now.lsn,
+            mark,
+            xid: now.xid,
+        },
     ))
     .await?;
     fail::hit("state_written");

@@ -5,11 +5,13 @@
 
 use crate::config::Config;
 use crate::error::RelayError;
+pub use crate::relay::address::{quote_ident, sql_connect, sql_connect_to, with_hint};
+use crate::relay::address::{replication_config, stream_index};
 pub use crate::relay::lsn::{fmt_lsn, parse_lsn};
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig};
-use std::str::FromStr;
+use pgwire_replication::ReplicationClient;
 use std::time::Duration;
-use tokio_postgres::config::Host;
+
+pub use crate::relay::slot_host::SlotHost;
 
 /// What the slot looked like when the session started.
 #[derive(Debug, Clone)]
@@ -21,79 +23,18 @@ pub struct SlotState {
     pub invalidation: Option<String>,
 }
 
-/// Opens an ordinary SQL connection to the source (the connection task runs in the background).
-pub async fn sql_connect(cfg: &Config) -> Result<tokio_postgres::Client, RelayError> {
-    let mut pg = pg_config(cfg)?;
-    let tls = crate::relay::tls::sql_connector(cfg.source.tls(), &mut pg)?;
-    let (client, conn) = pg.connect(tls).await.map_err(|e| {
-        RelayError::Postgres(with_hint(format!(
-            "cannot connect to {}: {}",
-            describe(&pg),
-            crate::error::RelayError::from(e)
-        )))
-    })?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "sql connection ended");
-        }
-    });
-    Ok(client)
-}
-
-fn pg_config(cfg: &Config) -> Result<tokio_postgres::Config, RelayError> {
-    let mut pg = tokio_postgres::Config::from_str(&cfg.source.dsn)
-        .map_err(|e| RelayError::Setup(format!("source.dsn: {e}")))?;
-    if let Some(pw) = &cfg.source.password {
-        pg.password(pw);
-    }
-    pg.application_name("outboxd");
-    // Unqualified names of outboxd's own tables resolve to source.relay_schema only:
-    // pg_catalog is searched first implicitly (no function can be shadowed), and no schema of
-    // the role's default path (a writable `public` on PG <= 14, "$user") can pre-empt them.
-    // New relay tables are created there too (the first schema of the path).
-    let path = format!("-c search_path={}", quote_ident(&cfg.source.relay_schema));
-    let options = match pg.get_options() {
-        Some(o) if !o.trim().is_empty() => format!("{o} {path}"),
-        _ => path,
-    };
-    pg.options(&options);
-    Ok(pg)
-}
-
-/// The first host of the DSN (a Unix socket directory as a path), or `default`.
-fn host_of(pg: &tokio_postgres::Config, default: &str) -> String {
-    nth_host(pg, 0, default)
-}
-
-fn nth_host(pg: &tokio_postgres::Config, i: usize, default: &str) -> String {
-    match pg.get_hosts().get(i) {
-        Some(Host::Tcp(h)) => h.clone(),
-        Some(Host::Unix(p)) => p.display().to_string(),
-        None => default.into(),
-    }
-}
-
-/// host:port/db, never the password.
-fn describe(pg: &tokio_postgres::Config) -> String {
-    let host = host_of(pg, "localhost");
-    let port = pg.get_ports().first().copied().unwrap_or(5432);
-    format!(
-        "{host}:{port}/{}",
-        pg.get_dbname().unwrap_or(pg.get_user().unwrap_or("?"))
-    )
-}
-
 /// Checks wal_level, the table, the publication and the slot; creates the slot when allowed.
 /// Returns the slot state and the server's `wal_sender_timeout`.
 pub async fn preflight(
     cfg: &Config,
     sql: &tokio_postgres::Client,
+    host: &SlotHost,
     create_slot: bool,
 ) -> Result<(SlotState, Duration), RelayError> {
-    let (slot, timeout) = preflight_opt(cfg, sql).await?;
+    let (slot, timeout) = preflight_opt(cfg, sql, host).await?;
     let slot = match slot {
         Some(s) => s,
-        None if create_slot => create_slot_sql(cfg, sql).await?,
+        None if create_slot => create_slot_sql(cfg, sql, host).await?,
         None => {
             return Err(RelayError::Setup(format!(
                 "replication slot {:?} does not exist: run `outboxd init --config FILE` or set \
@@ -105,10 +46,12 @@ pub async fn preflight(
     Ok((slot, timeout))
 }
 
-/// [`preflight`] without creating anything: `None` when the slot does not exist.
+/// [`preflight`] without creating anything: `None` when the slot does not exist. `sql` is the
+/// primary (tables, publication); the slot is looked up on `host`'s server.
 pub async fn preflight_opt(
     cfg: &Config,
     sql: &tokio_postgres::Client,
+    host: &SlotHost,
 ) -> Result<(Option<SlotState>, Duration), RelayError> {
     let wal_level: String = sql.query_one("SHOW wal_level", &[]).await?.get(0);
     if wal_level != "logical" {
@@ -164,8 +107,12 @@ pub async fn preflight_opt(
              init --config FILE`)"
         )));
     }
-    let slot = slot_state(cfg, sql).await?;
-    let timeout_ms: i64 = sql
+    for w in host.check(sql).await? {
+        tracing::warn!(slot = %cfg.source.slot, "{w}");
+    }
+    let slot_sql = host.sql(sql);
+    let slot = slot_state(cfg, slot_sql).await?;
+    let timeout_ms: i64 = slot_sql
         .query_one(
             "SELECT setting::bigint FROM pg_settings WHERE name = 'wal_sender_timeout'",
             &[],
@@ -224,20 +171,24 @@ pub async fn server_major(sql: &tokio_postgres::Client) -> Result<u32, RelayErro
     Ok(v.parse::<u32>().unwrap_or(0) / 10_000)
 }
 
-/// Creates the slot over SQL (first start, `init`). On Postgres 17+ it is a failover slot, so
-/// standbys with `sync_replication_slots = on` keep a copy that survives a promotion.
+/// Creates the slot over SQL (first start, `init`) on `host`'s server. On a Postgres 17+
+/// primary it is a failover slot, so standbys with `sync_replication_slots = on` keep a copy
+/// that survives a promotion (a slot created on a standby cannot be one: it survives that
+/// standby's own promotion as it is).
 pub async fn create_slot_sql(
     cfg: &Config,
-    sql: &tokio_postgres::Client,
+    primary: &tokio_postgres::Client,
+    host: &SlotHost,
 ) -> Result<SlotState, RelayError> {
     let slot = &cfg.source.slot;
-    let q = if server_major(sql).await? >= 17 {
+    let sql = host.sql(primary);
+    let q = if server_major(sql).await? >= 17 && !host.in_recovery() {
         "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
     } else {
         "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
     };
     // Two instances may race to create it; the loser sees duplicate_object, which is fine.
-    if let Err(e) = sql.execute(q, &[slot]).await {
+    if let Err(e) = host.creating(primary, sql.execute(q, &[slot])).await {
         if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) {
             return Err(RelayError::from(e));
         }
@@ -246,11 +197,6 @@ pub async fn create_slot_sql(
     slot_state(cfg, sql)
         .await?
         .ok_or_else(|| RelayError::Postgres(format!("slot {slot:?} vanished")))
-}
-
-/// A SQL identifier, quoted.
-pub fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// The slot's confirmed_flush_lsn right now (used to verify the final confirm at shutdown).
@@ -280,7 +226,7 @@ pub async fn start_stream(
     start: u64,
     status_interval: Duration,
 ) -> Result<ReplicationClient, RelayError> {
-    let rc = replication_config(cfg, primary_index(cfg).await?, start, status_interval)?;
+    let rc = replication_config(cfg, stream_index(cfg).await?, start, status_interval)?;
     let mut client = ReplicationClient::connect(rc).await.map_err(hinted)?;
     client.wait_started().await.map_err(hinted)?;
     Ok(client)
@@ -292,7 +238,7 @@ pub async fn open_gated(
     cfg: &Config,
     status_interval: Duration,
 ) -> Result<ReplicationClient, RelayError> {
-    let rc = replication_config(cfg, primary_index(cfg).await?, 0, status_interval)?;
+    let rc = replication_config(cfg, stream_index(cfg).await?, 0, status_interval)?;
     ReplicationClient::connect_gated(rc).await.map_err(hinted)
 }
 
@@ -308,15 +254,16 @@ pub async fn begin_stream(client: &mut ReplicationClient) -> Result<(), RelayErr
 pub async fn create_slot_exported(
     cfg: &Config,
     client: &mut ReplicationClient,
-    major: u32,
+    failover: bool,
 ) -> Result<(u64, String), RelayError> {
     let slot = &cfg.source.slot;
-    let cmd = if major >= 17 {
+    let cmd = if failover {
         format!(
             "CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export', FAILOVER true)"
         )
     } else {
-        // The legacy spelling is understood by every supported server (14+).
+        // The legacy spelling is understood by every supported server (14+); a standby (16+)
+        // cannot create a failover slot.
         format!("CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput EXPORT_SNAPSHOT")
     };
     let rows = client.simple_query(&cmd).await.map_err(hinted)?;
@@ -338,144 +285,6 @@ fn hinted(e: pgwire_replication::PgWireError) -> RelayError {
     match e.into() {
         RelayError::Replication(m) => RelayError::Replication(with_hint(m)),
         other => other,
-    }
-}
-
-/// Which host of a multi-host DSN (`host=a,b target_session_attrs=read-write`) the stream
-/// opens on: the one that is a writable primary now, so after a promotion the relay follows
-/// the new primary (where a PG17 failover slot waits). The SQL connection finds it by itself
-/// (tokio-postgres honours target_session_attrs); the replication client takes one host.
-async fn primary_index(cfg: &Config) -> Result<usize, RelayError> {
-    let pg = pg_config(cfg)?;
-    let n = pg.get_hosts().len();
-    if n <= 1 {
-        return Ok(0);
-    }
-    let mut tried = Vec::new();
-    for i in 0..n {
-        let mut one = single_host(&pg, i);
-        let tls = crate::relay::tls::sql_connector(cfg.source.tls(), &mut one)?;
-        let probe = async {
-            let (client, conn) = one.connect(tls).await?;
-            tokio::spawn(conn);
-            client.query_one("SELECT pg_is_in_recovery()", &[]).await
-        };
-        match tokio::time::timeout(Duration::from_secs(5), probe).await {
-            Ok(Ok(row)) if !row.get::<_, bool>(0) => return Ok(i),
-            Ok(Ok(_)) => tried.push(format!("{}: in recovery", describe(&one))),
-            Ok(Err(e)) => tried.push(format!("{}: {}", describe(&one), RelayError::from(e))),
-            Err(_) => tried.push(format!("{}: no answer within 5 s", describe(&one))),
-        }
-    }
-    Err(RelayError::Postgres(format!(
-        "no host of source.dsn is a writable primary ({})",
-        tried.join("; ")
-    )))
-}
-
-/// Host `i` of a multi-host config, with its port and hostaddr, everything else the same.
-fn single_host(pg: &tokio_postgres::Config, i: usize) -> tokio_postgres::Config {
-    let mut one = tokio_postgres::Config::new();
-    match pg.get_hosts().get(i) {
-        Some(Host::Tcp(h)) => one.host(h),
-        Some(Host::Unix(p)) => one.host_path(p),
-        None => one.host("localhost"),
-    };
-    let ports = pg.get_ports();
-    one.port(ports.get(i).or(ports.first()).copied().unwrap_or(5432));
-    if let Some(a) = pg.get_hostaddrs().get(i) {
-        one.hostaddr(*a);
-    }
-    if let Some(u) = pg.get_user() {
-        one.user(u);
-    }
-    if let Some(pw) = pg.get_password() {
-        one.password(pw);
-    }
-    if let Some(d) = pg.get_dbname() {
-        one.dbname(d);
-    }
-    if let Some(t) = pg.get_connect_timeout() {
-        one.connect_timeout(*t);
-    }
-    one.ssl_mode(pg.get_ssl_mode());
-    one.application_name("outboxd");
-    one
-}
-
-fn replication_config(
-    cfg: &Config,
-    host_index: usize,
-    start: u64,
-    status_interval: Duration,
-) -> Result<ReplicationConfig, RelayError> {
-    let pg = pg_config(cfg)?;
-    let name = nth_host(&pg, host_index, "127.0.0.1");
-    // `hostaddr` says where to connect; the host name stays what TLS verifies.
-    let host = match pg.get_hostaddrs().get(host_index) {
-        Some(addr) => addr.to_string(),
-        None => name.clone(),
-    };
-    let ports = pg.get_ports();
-    let port = ports
-        .get(host_index)
-        .or(ports.first())
-        .copied()
-        .unwrap_or(5432);
-    let password = pg
-        .get_password()
-        .map(|p| String::from_utf8_lossy(p).into_owned())
-        .unwrap_or_default();
-    let user = pg.get_user().unwrap_or("postgres").to_string();
-    let db = pg.get_dbname().unwrap_or(&user).to_string();
-    Ok(ReplicationConfig::new(
-        host,
-        user,
-        password,
-        db,
-        cfg.source.slot.clone(),
-        cfg.source.publication.as_str(),
-    )
-    .with_port(port)
-    .with_start_lsn(Lsn(start))
-    .with_ack_lsn(Lsn(start))
-    .with_status_interval(status_interval)
-    .with_wakeup_interval(status_interval)
-    .with_tls(crate::relay::tls::replication(cfg.source.tls(), &pg, &name))
-    .with_buffer_size(1024)
-    // Pin how the walsender renders values: created_at is parsed from this text.
-    .with_options(SESSION_OPTIONS)
-    // The PID lets operators (and the HA tests) tell which instance holds the slot.
-    .with_application_name(format!(
-        "outboxd:{}:{}",
-        cfg.source.slot,
-        std::process::id()
-    ))
-    // Called after a status update that advanced the confirmed position was written.
-    .with_feedback_observer(pgwire_replication::FeedbackObserver::new(|_| {
-        crate::fail::hit("confirmed")
-    })))
-}
-
-/// How the walsender renders values; recovery reads the outbox with the same settings so its
-/// records are byte-identical to the stream's.
-pub const SESSION_OPTIONS: &str = "-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3";
-
-/// Appends what to change when a connection was refused for a reason we can name: TLS
-/// ([`crate::relay::tls::hint`]), or no walsender left for the stream (the SQL connection works, so
-/// only the replication connection shows it).
-pub fn with_hint(msg: String) -> String {
-    let hint = if msg.contains("exceeds max_wal_senders") {
-        Some(
-            "every walsender is taken: raise max_wal_senders (needs a restart) or stop an \
-             unused replication client (pg_stat_replication lists them)",
-        )
-    } else {
-        crate::relay::tls::hint(&msg)
-    };
-    match hint {
-        Some(h) => format!("{msg} — {h}"),
-        None => msg,
     }
 }
 

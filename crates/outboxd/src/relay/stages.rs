@@ -12,13 +12,13 @@ use crate::obs::watch::{View, Watch};
 use crate::obs::Observed;
 use crate::poison::handler::PoisonHandler;
 use crate::poison::store::ParkedRecord;
-use crate::poison::validate::Validator;
 use crate::relay::in_flight::InFlight;
 use crate::relay::kafka::{Ack, Origin, Producer, Verdict};
 use crate::relay::lsn::PG_EPOCH_US;
 use crate::relay::outboxes::{Lookup, Outboxes};
 use crate::relay::pgoutput::{self, Message, Value};
 use crate::relay::route::Event;
+use crate::relay::slot_host::SlotHost;
 use crate::relay::source::sql_bounded;
 use crate::slot::publication;
 use pgwire_replication::ReplicationEvent;
@@ -31,12 +31,13 @@ pub struct Stages {
     /// Its changes end the session ([`publication::concerns`]).
     publication: String,
     sql: Client,
+    /// Where the slot lives (the primary, or the standby of `source.replication_dsn`).
+    host: SlotHost,
     /// The listed outbox tables, and which Relation id is which.
     outboxes: Outboxes,
     values: Vec<Value<'static>>,
     topic_buf: String,
     ignored: u64,
-    validator: Option<Validator>,
     in_flight: InFlight,
     poison: PoisonHandler,
     watch: Watch,
@@ -54,13 +55,16 @@ impl Stages {
     pub async fn new(
         cfg: &crate::Config,
         sql: Client,
+        host: SlotHost,
         confirmed: u64,
         observed: Arc<Observed>,
         shadow: Option<crate::shadow::Tap>,
     ) -> Result<Self, RelayError> {
         let poison = PoisonHandler::new(cfg, &sql, observed.clone()).await?;
         crate::obs::status_row::ensure_table(&sql).await?;
-        Self::with(cfg, sql, confirmed, observed, poison, shadow)
+        let mut st = Self::with(cfg, sql, confirmed, observed, poison, shadow)?;
+        st.host = host;
+        Ok(st)
     }
 
     /// Stages for rows republished outside the stream ([`crate::relay::table_reader`] for a
@@ -93,11 +97,11 @@ impl Stages {
             slot: cfg.source.slot.clone(),
             publication: cfg.source.publication.clone(),
             sql,
+            host: SlotHost::primary(),
             outboxes,
             values: Vec::new(),
             topic_buf: String::new(),
             ignored: 0,
-            validator: Validator::from_config(&cfg.validation),
             in_flight,
             poison,
             watch: Watch::new(cfg),
@@ -116,6 +120,16 @@ impl Stages {
     /// The session's SQL connection (state rows, confirm polls).
     pub fn sql(&self) -> &Client {
         &self.sql
+    }
+
+    /// Where the slot lives.
+    pub fn host(&self) -> &SlotHost {
+        &self.host
+    }
+
+    /// The connection to the slot's server (the session's own when it is the primary).
+    pub fn slot_sql(&self) -> &Client {
+        self.host.sql(&self.sql)
     }
 
     /// The slot this session streams from.
@@ -139,6 +153,8 @@ impl Stages {
         let view = View {
             slot: &self.slot,
             sql: &self.sql,
+            slot_sql: self.host.sql(&self.sql),
+            separate: self.host.is_separate(),
             in_flight: &self.in_flight,
             observed: &self.observed,
         };
@@ -249,7 +265,9 @@ impl Stages {
             Message::Relation(rel) => match self.outboxes.on_relation(&rel) {
                 Err(RelayError::TablesChanged(t)) if !self.published(&rel).await? => {
                     tracing::warn!(table = %t, "relaying what the stream holds of a table the pattern matches that is no longer in the publication (dropped, or removed from it)");
-                    self.outboxes.adopt(&rel)?
+                    if let Some(t) = self.outboxes.adopt(&rel)? {
+                        self.poison.add_table(&t)?;
+                    }
                 }
                 r => r?,
             },
@@ -321,9 +339,10 @@ impl Stages {
             return self.park(rec, "invalid_event", msg).await;
         }
         // No aggregate (a NULL aggregate id, Debezium preset): nothing to wait behind.
-        let blocked_by = event
-            .aggregate_id
-            .and_then(|id| self.poison.blocked_by(event_type, event.aggregate_type, id));
+        let blocked_by = event.aggregate_id.and_then(|id| {
+            self.poison
+                .blocked_by(event_type, table, event.aggregate_type, id)
+        });
         if let Some(head) = blocked_by {
             let rec = self.record_of(table, &event);
             return self.poison.hold(&self.sql, &rec, &head).await;
@@ -334,12 +353,12 @@ impl Stages {
                 return self.park(rec, e.class(), &e.to_string()).await;
             }
         }
-        if let (Some(v), false) = (self.validator.as_mut(), event.tombstone) {
-            if let Err(msg) = v.check(
-                event_type,
-                event.schema_version.unwrap_or("1"),
-                event.payload,
-            ) {
+        if !event.tombstone {
+            let version = event.schema_version.unwrap_or("1");
+            let checked = self
+                .poison
+                .check_schema(table, event_type, version, event.payload);
+            if let Err(msg) = checked {
                 let rec = self.record_of(table, &event);
                 return self.park(rec, "schema_invalid", &msg).await;
             }

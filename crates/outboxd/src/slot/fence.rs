@@ -23,6 +23,7 @@
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::obs::{self, status_row};
+use crate::relay::slot_host::SlotHost;
 use crate::relay::source::{self, sql_bounded};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -136,20 +137,20 @@ impl Drop for Holder {
 async fn beat_loop(cfg: Config, walsender: i32, lost: watch::Sender<bool>) {
     let instance = status_row::instance();
     let since = chrono::Utc::now();
-    let mut sql: Option<Client> = None;
+    let mut sql: Option<(Client, SlotHost)> = None;
     let mut tick = tokio::time::interval(BEAT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
         tick.tick().await;
-        if sql.as_ref().is_none_or(Client::is_closed) {
-            sql = tokio::time::timeout(SQL_BOUND, source::sql_connect(&cfg))
+        if sql.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+            sql = tokio::time::timeout(SQL_BOUND, connect(&cfg))
                 .await
                 .ok()
                 .and_then(Result::ok);
         }
-        let Some(c) = &sql else { continue };
-        let beat = status_row::beat(c, &cfg.source.slot, &instance, walsender, since);
+        let Some((c, host)) = &sql else { continue };
+        let beat = status_row::beat(c, host, &cfg.source.slot, &instance, walsender, since);
         match tokio::time::timeout(SQL_BOUND, beat).await {
             Ok(Ok(true)) => failing = false,
             Ok(Ok(false)) => {
@@ -225,7 +226,7 @@ fn look(l: &status_row::Liveness, prev: Option<&Suspect>, after: Duration, now: 
 pub struct Fence {
     after: Duration,
     poll: Duration,
-    sql: Option<Client>,
+    sql: Option<(Client, SlotHost)>,
     suspect: Option<Suspect>,
 }
 
@@ -264,15 +265,15 @@ impl Fence {
     }
 
     async fn step(&mut self, cfg: &Config) -> Result<Option<Duration>, RelayError> {
-        if self.sql.as_ref().is_none_or(Client::is_closed) {
-            let connect = tokio::time::timeout(SQL_BOUND, source::sql_connect(cfg));
+        if self.sql.as_ref().is_none_or(|(c, _)| c.is_closed()) {
+            let connect = tokio::time::timeout(SQL_BOUND, connect(cfg));
             self.sql = Some(connect.await.map_err(|_| {
                 RelayError::Postgres("connect for the liveness check timed out".into())
             })??);
         }
-        let sql = self.sql.as_ref().expect("connected above");
+        let (sql, host) = self.sql.as_ref().expect("connected above");
         let slot = &cfg.source.slot;
-        let Some(l) = bounded(status_row::liveness(sql, slot)).await? else {
+        let Some(l) = bounded(status_row::liveness(sql, host, slot)).await? else {
             return Ok(None);
         };
         match look(&l, self.suspect.as_ref(), self.after, Instant::now()) {
@@ -292,6 +293,7 @@ impl Fence {
                 let confirmed = self.suspect.take().map(|s| s.confirmed).unwrap_or_default();
                 let kill = status_row::terminate_silent_holder(
                     sql,
+                    host,
                     slot,
                     pid,
                     self.after.as_secs_f64(),
@@ -312,7 +314,7 @@ impl Fence {
                 // Until the walsender has exited the slot still names it: wait, bounded.
                 let deadline = Instant::now() + SQL_BOUND;
                 while Instant::now() < deadline {
-                    let st = bounded(status_row::liveness(sql, slot)).await?;
+                    let st = bounded(status_row::liveness(sql, host, slot)).await?;
                     if st.and_then(|s| s.active_pid) != Some(pid) {
                         break;
                     }
@@ -322,6 +324,14 @@ impl Fence {
             }
         }
     }
+}
+
+/// The primary and the slot's server (`source.replication_dsn`, else the primary itself).
+async fn connect(cfg: &Config) -> Result<(Client, SlotHost), RelayError> {
+    Ok((
+        source::sql_connect(cfg).await?,
+        SlotHost::connect(cfg).await?,
+    ))
 }
 
 async fn bounded<T>(

@@ -31,6 +31,7 @@ use crate::config::{Config, SlotLossPolicy};
 use crate::error::RelayError;
 use crate::relay::kafka::{Ack, Producer};
 use crate::relay::route::ColumnNames;
+use crate::relay::slot_host::SlotHost;
 use crate::relay::source::{self, quote_ident};
 use crate::relay::stages::Stages;
 use crate::relay::table_reader::{self, Flow, NoHooks, TableReader};
@@ -213,9 +214,11 @@ async fn refusal(cfg: &Config, sql: &Client, loss: &Loss, why: &str) -> RelayErr
 /// Steps 1–2 of the module docs. Refuses (definite [`RelayError::SlotLost`]) under
 /// `on_slot_loss = "halt"`, when nothing proves the gap complete, or when the table no longer
 /// holds the rows at the delivery mark; `manual` (the `recover` command) skips the last check.
+#[allow(clippy::too_many_arguments)]
 pub async fn prepare(
     cfg: &Config,
     sql: &Client,
+    host: &SlotHost,
     identity: &Identity,
     loss: &Loss,
     manual: bool,
@@ -279,19 +282,25 @@ pub async fn prepare(
     }
     slot_state::begin_recovery(sql, &cfg.source.slot, identity, &gap, label).await?;
     crate::fail::hit("recovery_intent");
-    let mark: DateTime<Utc> = sql.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
-    let reader = source::sql_connect(cfg).await?;
+    let mark = mark_before_slot(sql, host).await?;
+    // The slot's server reads the gap: the exported snapshot is only valid there.
+    let reader = match cfg.source.replication_dsn.as_deref() {
+        Some(dsn) => source::sql_connect_to(cfg, dsn).await?,
+        None => source::sql_connect(cfg).await?,
+    };
     TableReader::prepare_session(&reader).await?;
     reader
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await?;
     let (repl, start) = if loss.replace_slot {
         if loss.slot_exists {
-            drop_slot(cfg, sql).await?;
+            drop_slot(cfg, host.sql(sql)).await?;
         }
         let mut repl = source::open_gated(cfg, status_interval).await?;
-        let major = source::server_major(sql).await?;
-        let (consistent, snapshot) = source::create_slot_exported(cfg, &mut repl, major).await?;
+        // A slot created on a standby cannot be a failover slot.
+        let failover = source::server_major(sql).await? >= 17 && !host.in_recovery();
+        let create = source::create_slot_exported(cfg, &mut repl, failover);
+        let (consistent, snapshot) = host.creating(sql, create).await?;
         tracing::info!(slot = %cfg.source.slot, consistent_point = %source::fmt_lsn(consistent), "created replication slot with an exported snapshot");
         reader
             .batch_execute(&format!(
@@ -302,7 +311,7 @@ pub async fn prepare(
         (Some(repl), consistent)
     } else {
         // The slot streams on; any snapshot taken now sees at least what it lacks.
-        let slot = source::slot_state(cfg, sql)
+        let slot = source::slot_state(cfg, host.sql(sql))
             .await?
             .ok_or_else(|| RelayError::Postgres(format!("slot {:?} vanished", cfg.source.slot)))?;
         (None, slot.confirmed_flush)
@@ -385,6 +394,23 @@ pub async fn version_order(
     order.push("age(o.xmin) DESC".into());
     order.push("o.ctid".into());
     Ok(order)
+}
+
+/// The database clock before the slot is created: every transaction that committed earlier is
+/// in the snapshot or the stream. With the slot on a standby, no later than the commit time of
+/// the last transaction the standby replayed (a transaction the primary committed but the
+/// standby has not replayed yet comes from the stream, after this recovery).
+async fn mark_before_slot(sql: &Client, host: &SlotHost) -> Result<DateTime<Utc>, RelayError> {
+    let now: DateTime<Utc> = sql.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
+    if !host.in_recovery() {
+        return Ok(now);
+    }
+    let replayed: Option<DateTime<Utc>> = host
+        .sql(sql)
+        .query_one("SELECT pg_last_xact_replay_timestamp()", &[])
+        .await?
+        .get(0);
+    Ok(replayed.map_or(now, |r| r.min(now)))
 }
 
 async fn drop_slot(cfg: &Config, sql: &Client) -> Result<(), RelayError> {

@@ -23,6 +23,7 @@
 //! It is written every `source.state_interval_ms`, never per event.
 
 use crate::error::RelayError;
+use crate::relay::slot_host::SlotHost;
 use crate::slot::gap::Gap;
 use chrono::{DateTime, Utc};
 use tokio_postgres::Client;
@@ -227,28 +228,45 @@ impl XidProbe {
     }
 }
 
+/// What a session acknowledged so far: the position, the delivery mark, the delivered
+/// transaction id ([`advance`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub lsn: u64,
+    pub mark: Option<DateTime<Utc>>,
+    pub xid: Option<u64>,
+}
+
 /// Periodic progress: only ever forward, only on the history it was based on, and only by the
 /// session whose walsender (`holder`, its PID) holds the slot at that moment. An instance that
 /// was frozen and fenced (slot/fence.rs) may thaw with an old position: its write is dropped,
 /// the row neither regresses nor names the wrong history. `false`: nothing was written.
 pub async fn advance(
     sql: &Client,
+    host: &SlotHost,
     slot: &str,
     identity: &Identity,
     holder: i32,
-    lsn: u64,
-    mark: Option<DateTime<Utc>>,
-    xid: Option<u64>,
+    p: Progress,
 ) -> Result<bool, RelayError> {
+    let Progress { lsn, mark, xid } = p;
+    // The slot on a standby: the holder check there first (the module relay::slot_host says
+    // what the window between the two statements allows).
+    if host.is_separate() && !host.holds(sql, slot, holder).await? {
+        return Ok(false);
+    }
+    let held = host.holder_clause(
+        "EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $6)",
+    );
     let n = sql
         .execute(
-            "UPDATE outboxd_slot_state SET \
-             acked_lsn = GREATEST(acked_lsn, $3::text::pg_lsn), \
-             delivery_mark = GREATEST(delivery_mark, $4), timeline = $5, \
-             delivered_xid = GREATEST(delivered_xid, $7::text::xid8), updated_at = now() \
-         WHERE slot_name = $1 AND system_identifier = $2 \
-           AND EXISTS (SELECT 1 FROM pg_replication_slots \
-                       WHERE slot_name = $1 AND active_pid = $6)",
+            &format!(
+                "UPDATE outboxd_slot_state SET \
+                 acked_lsn = GREATEST(acked_lsn, $3::text::pg_lsn), \
+                 delivery_mark = GREATEST(delivery_mark, $4), timeline = $5, \
+                 delivered_xid = GREATEST(delivered_xid, $7::text::xid8), updated_at = now() \
+             WHERE slot_name = $1 AND system_identifier = $2 AND $6::int4 = $6 AND {held}"
+            ),
             &[
                 &slot,
                 &identity.system_id,

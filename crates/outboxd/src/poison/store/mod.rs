@@ -18,6 +18,30 @@ pub const PARKED_SQL: &str = include_str!("../../../../../sql/030_outbox_parked.
 
 pub use super::record::ParkedRecord;
 
+/// SQL: the table of parked row `alias`, the `source_table` header of its stored record (NULL
+/// without one: a one-table relay's rows, and rows parked before a relay listed several tables).
+/// Strict and silent: in lax mode the filter would unwrap each `[name, value]` pair, and
+/// headers of another shape name no table rather than fail the query.
+pub(crate) fn table_of(alias: &str) -> String {
+    format!(
+        "(jsonb_path_query_first({alias}.headers, \
+           'strict $[*] ? (@[0] == \"{SOURCE_TABLE_HEADER}\")', '{{}}', true) ->> 1)"
+    )
+}
+
+/// SQL: parked rows `a` and `b` hold each other's aggregate: the same table, or either of none
+/// (sql/030's guard says why).
+fn same_table(a: &str, b: &str) -> String {
+    let (a, b) = (table_of(a), table_of(b));
+    format!("({a} IS NULL OR {b} IS NULL OR {a} = {b})")
+}
+
+/// Do parked events of tables `a` and `b` hold each other's aggregate? The same table, or
+/// either of none: [`same_table`] in Rust.
+pub fn hold_each_other(a: Option<&str>, b: Option<&str>) -> bool {
+    a.is_none() || b.is_none() || a == b
+}
+
 /// How the event is parked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParkState {
@@ -53,12 +77,44 @@ pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
     crate::schema::install(sql, PARKED_SQL, "outbox_parked", present).await
 }
 
-/// Are both guard triggers (sql/030) on the tables and enabled?
+/// [`ensure_tables`] for a relay with several outbox tables, which holds aggregates per table:
+/// an enabled guard of an earlier version (it holds them across tables) would refuse the
+/// release of an event held behind its own table's head while another table's head of that
+/// aggregate is open, and the relay would fail at it over and over. Refused at start instead,
+/// with the fix, when this role cannot replace it.
+pub async fn ensure_tables_per_table(sql: &Client) -> Result<(), RelayError> {
+    ensure_tables(sql).await?;
+    let outdated: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid \
+             WHERE t.tgrelid = to_regclass('outbox_parked') AND t.tgname = 'outbox_parked_guard' \
+               AND t.tgenabled <> 'D' AND p.prosrc NOT LIKE '%source_table%')",
+            &[],
+        )
+        .await?
+        .get(0);
+    if outdated {
+        return Err(RelayError::Setup(
+            "outbox_parked's guard is of an earlier version: it holds an aggregate's events \
+             across outbox tables, and this relay (several tables) holds them per table, so it \
+             would refuse releases that are in order. Run `outboxd init` as the admin role \
+             (sql/roles.sql) to install this version's guard"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Are both guard triggers (sql/030) on the tables, enabled and of this version? The parked
+/// table's guard holds aggregates per outbox table since issue 30 (its body reads the
+/// `source_table` header); an older one holds them across tables and would refuse releases
+/// that are in order, so it counts as missing and the relay replaces it.
 pub async fn guards_installed(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
         .query_one(
             "SELECT count(*) = 2 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid \
              WHERE t.tgenabled <> 'D' AND p.proconfig IS NOT NULL \
+               AND (t.tgname <> 'outbox_parked_guard' OR p.prosrc LIKE '%source_table%') \
                AND ((t.tgrelid = to_regclass('outbox_parked') AND t.tgname = 'outbox_parked_guard') \
                  OR (t.tgrelid = to_regclass('outbox_parked_audit') AND t.tgname = 'outbox_parked_audit_guard'))",
             &[],
@@ -92,14 +148,13 @@ pub async fn park(
     };
     let row = sql
         .query_one(
-            "INSERT INTO outbox_parked (slot, event_id, aggregate_type, aggregate_id, aggregate_version, \
+            &format!("INSERT INTO outbox_parked (slot, event_id, aggregate_type, aggregate_id, aggregate_version, \
                event_type, topic, record_key, payload, headers, record_ts_ms, state, blocks_aggregate, \
                blocked_by, error_class, error_message) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              ON CONFLICT (slot, event_id) DO UPDATE SET attempts = outbox_parked.attempts + 1, \
                last_seen = now() \
-             RETURNING state, (SELECT h->>1 FROM jsonb_array_elements(outbox_parked.headers::jsonb) h \
-               WHERE jsonb_typeof(outbox_parked.headers::jsonb) = 'array' AND h->>0 = $17 LIMIT 1)",
+             RETURNING state, {}", table_of("outbox_parked")),
             &[
                 &slot,
                 &rec.event_id,
@@ -117,17 +172,12 @@ pub async fn park(
                 &blocked_by,
                 &class,
                 &message,
-                &SOURCE_TABLE_HEADER,
             ],
         )
         .await?;
     let stored: Option<String> = row.get(1);
-    let ours = rec
-        .headers
-        .iter()
-        .find(|(k, _)| k == SOURCE_TABLE_HEADER)
-        .and_then(|(_, v)| v.clone());
-    if stored != ours {
+    let ours = crate::config::tables::stored_table(&rec.headers);
+    if stored.as_deref() != ours {
         return Err(RelayError::Halted {
             event_id: rec.event_id.clone(),
             class: "event_id_collision".into(),
@@ -137,7 +187,7 @@ pub async fn park(
                  event_ids unique across the tables of one relay (UUIDs are), or relay the \
                  tables with separate slots",
                 rec.event_id,
-                ours.as_deref().unwrap_or("the outbox table"),
+                ours.unwrap_or("the outbox table"),
                 stored.as_deref().unwrap_or("another table"),
             ),
         });
@@ -145,23 +195,32 @@ pub async fn park(
     Ok(row.get(0))
 }
 
-/// Aggregates that hold their later events: aggregate_type → aggregate_id → head event_id.
-pub type Blocked = HashMap<String, HashMap<String, String>>;
+/// Aggregates that hold their later events: aggregate_type → aggregate_id → the open heads,
+/// one per table (`None`: a row of no table), each with its event_id.
+pub type Blocked = HashMap<String, HashMap<String, Vec<(Option<String>, String)>>>;
 
 pub async fn blocked_aggregates(sql: &Client, slot: &str) -> Result<Blocked, RelayError> {
     let rows = sql
         .query(
-            "SELECT DISTINCT ON (aggregate_type, aggregate_id) aggregate_type, aggregate_id, event_id \
-             FROM outbox_parked WHERE slot = $1 AND blocks_aggregate \
-               AND state IN ('parked', 'blocked', 'retry') \
-               AND aggregate_type IS NOT NULL AND aggregate_id IS NOT NULL \
-             ORDER BY aggregate_type, aggregate_id, id",
+            &format!(
+                "SELECT DISTINCT ON (aggregate_type, aggregate_id, t) aggregate_type, aggregate_id, \
+                        t, event_id \
+                 FROM (SELECT p.*, {} AS t FROM outbox_parked p WHERE slot = $1 \
+                         AND blocks_aggregate AND state IN ('parked', 'blocked', 'retry') \
+                         AND aggregate_type IS NOT NULL AND aggregate_id IS NOT NULL) open \
+                 ORDER BY aggregate_type, aggregate_id, t, id",
+                table_of("p")
+            ),
             &[&slot],
         )
         .await?;
     let mut b = Blocked::new();
     for r in rows {
-        b.entry(r.get(0)).or_default().insert(r.get(1), r.get(2));
+        b.entry(r.get(0))
+            .or_default()
+            .entry(r.get(1))
+            .or_default()
+            .push((r.get(2), r.get(3)));
     }
     Ok(b)
 }
@@ -185,7 +244,8 @@ pub struct Release {
 pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, RelayError> {
     let row = sql
         .query_opt(
-            "SELECT p.id, p.event_id, p.aggregate_type, p.aggregate_id, p.aggregate_version, \
+            &format!(
+                "SELECT p.id, p.event_id, p.aggregate_type, p.aggregate_id, p.aggregate_version, \
                     p.event_type, p.topic, p.record_key, coalesce(a.new_payload, p.payload), \
                     p.headers, p.record_ts_ms, p.state = 'retry', a.new_payload IS NOT NULL \
              FROM outbox_parked p \
@@ -196,8 +256,10 @@ pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, R
                    WHERE h.slot = p.slot AND h.id < p.id AND h.blocks_aggregate \
                      AND (h.state IN ('parked', 'retry') OR (h.state = 'blocked' AND p.state = 'blocked')) \
                      AND h.aggregate_type IS NOT DISTINCT FROM p.aggregate_type \
-                     AND h.aggregate_id IS NOT DISTINCT FROM p.aggregate_id) \
+                     AND h.aggregate_id IS NOT DISTINCT FROM p.aggregate_id AND {}) \
              ORDER BY p.id LIMIT 1",
+                same_table("h", "p")
+            ),
             &[&slot],
         )
         .await?;
@@ -251,21 +313,29 @@ pub async fn mark_failed(
     Ok(())
 }
 
-/// Does the aggregate still hold later events?
-pub async fn still_blocked(
+/// The open heads of one aggregate, one per table (see [`Blocked`]), after a release.
+pub async fn heads_of(
     sql: &Client,
     slot: &str,
     aggregate_type: &str,
     aggregate_id: &str,
-) -> Result<bool, RelayError> {
+) -> Result<Vec<(Option<String>, String)>, RelayError> {
     Ok(sql
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM outbox_parked WHERE slot = $1 AND aggregate_type = $2 \
-               AND aggregate_id = $3 AND blocks_aggregate AND state IN ('parked', 'blocked', 'retry'))",
+        .query(
+            &format!(
+                "SELECT DISTINCT ON (t) t, event_id \
+                 FROM (SELECT {} AS t, event_id, id FROM outbox_parked p WHERE slot = $1 \
+                         AND aggregate_type = $2 AND aggregate_id = $3 AND blocks_aggregate \
+                         AND state IN ('parked', 'blocked', 'retry')) open \
+                 ORDER BY t, id",
+                table_of("p")
+            ),
             &[&slot, &aggregate_type, &aggregate_id],
         )
         .await?
-        .get(0))
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
 }
 
 /// Open parked events per outbox table (the `source_table` header their records carry; `None`
@@ -276,12 +346,13 @@ pub async fn open_per_table(
 ) -> Result<Vec<(Option<String>, i64)>, RelayError> {
     let rows = sql
         .query(
-            "SELECT (SELECT h->>1 FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p.headers) = \
-                     'array' THEN p.headers ELSE '[]'::jsonb END) h WHERE h->>0 = $2 LIMIT 1), \
-                    count(*) \
-             FROM outbox_parked p WHERE p.slot = $1 AND p.state IN ('parked', 'blocked', 'retry') \
-             GROUP BY 1",
-            &[&slot, &SOURCE_TABLE_HEADER],
+            &format!(
+                "SELECT {}, count(*) \
+                 FROM outbox_parked p WHERE p.slot = $1 AND p.state IN ('parked', 'blocked', 'retry') \
+                 GROUP BY 1",
+                table_of("p")
+            ),
+            &[&slot],
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
@@ -305,4 +376,16 @@ pub async fn open_stats(sql: &Client, slot: &str) -> Result<OpenStats, RelayErro
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn aggregates_hold_within_a_table_and_rows_of_no_table_everywhere() {
+        use super::hold_each_other as h;
+        assert!(h(Some("a.outbox"), Some("a.outbox")));
+        assert!(!h(Some("a.outbox"), Some("b.outbox")));
+        assert!(h(None, Some("b.outbox")) && h(Some("a.outbox"), None) && h(None, None));
+        assert!(super::table_of("p").contains("p.headers"));
+    }
 }

@@ -17,17 +17,22 @@ pub struct Listed {
     pub attempts: i32,
     pub first_seen: String,
     pub error_message: String,
+    /// The outbox table its record names (`source_table`; none from a one-table relay).
+    pub table: Option<String>,
 }
 
 /// Open parked events (`all`: resolved ones too), oldest first.
 pub async fn list(sql: &Client, slot: &str, all: bool) -> Result<Vec<Listed>, RelayError> {
     let rows = sql
         .query(
-            "SELECT event_id, state, coalesce(event_type, ''), coalesce(aggregate_type, ''), \
-                    coalesce(aggregate_id, ''), aggregate_version, error_class, attempts, \
-                    to_char(first_seen, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'), error_message \
-             FROM outbox_parked WHERE slot = $1 \
-               AND ($2 OR state IN ('parked', 'blocked', 'retry')) ORDER BY id",
+            &format!(
+                "SELECT event_id, state, coalesce(event_type, ''), coalesce(aggregate_type, ''), \
+                        coalesce(aggregate_id, ''), aggregate_version, error_class, attempts, \
+                        to_char(first_seen, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'), error_message, {} \
+                 FROM outbox_parked p WHERE slot = $1 \
+                   AND ($2 OR state IN ('parked', 'blocked', 'retry')) ORDER BY id",
+                super::table_of("p")
+            ),
             &[&slot, &all],
         )
         .await?;
@@ -44,6 +49,7 @@ pub async fn list(sql: &Client, slot: &str, all: bool) -> Result<Vec<Listed>, Re
             attempts: r.get(7),
             first_seen: r.get(8),
             error_message: r.get(9),
+            table: r.get(10),
         })
         .collect())
 }
@@ -66,17 +72,22 @@ pub struct Detail {
     pub headers: Option<String>,
     /// (when, action, operator, reason), oldest first.
     pub audit: Vec<(String, String, String, String)>,
+    /// The outbox table its record names (`source_table`; none from a one-table relay).
+    pub table: Option<String>,
 }
 
 pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Detail>, RelayError> {
     let Some(r) = sql
         .query_opt(
-            "SELECT state, event_type, aggregate_type, aggregate_id, aggregate_version, topic, \
-                    error_class, error_message, attempts, first_seen::text, last_seen::text, \
-                    blocked_by, convert_from(coalesce((SELECT a.new_payload FROM outbox_parked_audit a \
-                      WHERE p.state = 'retry' AND a.id = p.retry_audit_id), payload), 'UTF8'), \
-                    headers::text \
-             FROM outbox_parked p WHERE slot = $1 AND event_id = $2",
+            &format!(
+                "SELECT state, event_type, aggregate_type, aggregate_id, aggregate_version, topic, \
+                        error_class, error_message, attempts, first_seen::text, last_seen::text, \
+                        blocked_by, convert_from(coalesce((SELECT a.new_payload FROM outbox_parked_audit a \
+                          WHERE p.state = 'retry' AND a.id = p.retry_audit_id), payload), 'UTF8'), \
+                        headers::text, {} \
+                 FROM outbox_parked p WHERE slot = $1 AND event_id = $2",
+                super::table_of("p")
+            ),
             &[&slot, &event_id],
         )
         .await?
@@ -109,6 +120,7 @@ pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Det
         payload: r.get(12),
         headers: r.get(13),
         audit,
+        table: r.get(14),
     }))
 }
 

@@ -1,0 +1,225 @@
+//! Where the replication slot lives (R45): on the primary (`source.dsn`, the default), or on a
+//! physical standby named by `source.replication_dsn` (Postgres 16+), so the primary does not
+//! pay for decoding.
+//!
+//! Two servers, one history. A physical standby replays the primary's WAL byte for byte: the
+//! LSNs, transaction ids, the system identifier, the outbox rows and the publication are the
+//! primary's. What differs is what each server can do:
+//! - the **slot** (its state in `pg_replication_slots`, its walsender, its confirmed position)
+//!   exists only on the standby; so do the stream, the slot's creation and, for a slot-loss
+//!   recovery, the exported snapshot and the outbox read under it (the standby holds every row
+//!   that committed before the new slot's consistent point: it decodes only what it replayed);
+//! - **outboxd's own tables** (`outboxd_slot_state`, `outboxd_status`, `outbox_parked`) are
+//!   written on the primary (a standby is read-only), and so is the heartbeat
+//!   (`pg_logical_emit_message`: the standby decodes it once it replayed it, which keeps an idle
+//!   standby slot moving).
+//!
+//! On one server, the statements that tie outboxd's rows to the slot check the slot in the same
+//! statement ("only while our walsender holds it"). Across two servers that takes two
+//! statements: the holder check on the standby, then the write on the primary. What the window
+//! between them allows is bounded by what is written: the delivery state only moves forward
+//! (`GREATEST`) and only by what this instance's broker acknowledged, so an instance that lost
+//! the slot between the two statements writes a position that is still true; a beat written in
+//! that window delays a standby's takeover by one beat. The fence (terminating a silent holder)
+//! reads the beat on the primary and kills on the standby only if the same walsender still holds
+//! the slot at the same confirmed position, in one statement there.
+
+use crate::config::Config;
+use crate::error::RelayError;
+use tokio_postgres::Client;
+
+/// A connection to the server of the slot when it is not the primary's.
+pub struct SlotHost {
+    /// `None`: the slot lives where `source.dsn` points.
+    standby: Option<Client>,
+    /// The slot's server was in recovery when connected: a slot created there cannot be a
+    /// failover slot, and creating one waits for the primary's next running-transactions record.
+    in_recovery: bool,
+}
+
+impl SlotHost {
+    /// The slot lives on the primary.
+    pub fn primary() -> Self {
+        Self {
+            standby: None,
+            in_recovery: false,
+        }
+    }
+
+    /// Connects to `source.replication_dsn` when set.
+    pub async fn connect(cfg: &Config) -> Result<Self, RelayError> {
+        let Some(dsn) = cfg.source.replication_dsn.as_deref() else {
+            return Ok(Self::primary());
+        };
+        let client = crate::relay::address::sql_connect_to(cfg, dsn).await?;
+        let in_recovery = client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await?
+            .get(0);
+        Ok(Self {
+            standby: Some(client),
+            in_recovery,
+        })
+    }
+
+    /// The connection on which the slot's views and functions are queried.
+    pub fn sql<'a>(&'a self, primary: &'a Client) -> &'a Client {
+        self.standby.as_ref().unwrap_or(primary)
+    }
+
+    /// Whether the slot lives on another server than outboxd's tables.
+    pub fn is_separate(&self) -> bool {
+        self.standby.is_some()
+    }
+
+    /// Whether the slot's server is a standby now (not yet promoted).
+    pub fn in_recovery(&self) -> bool {
+        self.in_recovery
+    }
+
+    /// Whether walsender `pid` holds `slot` now, asked of the slot's server. Only for the
+    /// two-statement form (see the module's prose); on one server the check is part of the
+    /// statement that writes.
+    pub async fn holds(&self, primary: &Client, slot: &str, pid: i32) -> Result<bool, RelayError> {
+        Ok(self
+            .sql(primary)
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid = $2)",
+                &[&slot, &pid],
+            )
+            .await?
+            .get(0))
+    }
+
+    /// The SQL condition "walsender `$pid` holds slot `$slot`" for a statement on the primary:
+    /// `same_server` (the clause itself) when the slot lives there; `TRUE` when it lives on a
+    /// standby, after [`SlotHost::holds`] said so.
+    pub fn holder_clause<'a>(&self, same_server: &'a str) -> &'a str {
+        if self.is_separate() {
+            "TRUE"
+        } else {
+            same_server
+        }
+    }
+
+    /// What the slot's server lacks for logical decoding on a standby, as errors (nothing can
+    /// stream) and warnings (it streams, at a risk the message names).
+    pub async fn check(&self, primary: &Client) -> Result<Vec<String>, RelayError> {
+        let Some(sb) = &self.standby else {
+            return Ok(Vec::new());
+        };
+        let mut warnings = Vec::new();
+        let v: String = sb.query_one("SHOW server_version_num", &[]).await?.get(0);
+        let major = v.parse::<u32>().unwrap_or(0) / 10_000;
+        if self.in_recovery && major < 16 {
+            return Err(RelayError::Setup(format!(
+                "source.replication_dsn points at a Postgres {major} standby: logical decoding on \
+                 a standby needs Postgres 16 or later; upgrade it, or unset \
+                 source.replication_dsn to decode on the primary"
+            )));
+        }
+        let same: bool = sb
+            .query_one(
+                "SELECT system_identifier::text = $1 FROM pg_control_system()",
+                &[&primary
+                    .query_one(
+                        "SELECT system_identifier::text FROM pg_control_system()",
+                        &[],
+                    )
+                    .await?
+                    .get::<_, String>(0)],
+            )
+            .await?
+            .get(0);
+        if !same {
+            return Err(RelayError::Setup(
+                "source.replication_dsn and source.dsn are different clusters (their system \
+                 identifiers differ): replication_dsn must be a physical standby of dsn's \
+                 primary (pg_basebackup), or unset"
+                    .into(),
+            ));
+        }
+        let setting = |name: &'static str| async move {
+            let v: String = sb
+                .query_one("SELECT current_setting($1)", &[&name])
+                .await?
+                .get(0);
+            Ok::<String, RelayError>(v)
+        };
+        let level = setting("wal_level").await?;
+        if level != "logical" {
+            return Err(RelayError::Setup(format!(
+                "the server of source.replication_dsn has wal_level = {level:?}: decoding on a \
+                 standby needs wal_level = logical there too (ALTER SYSTEM SET wal_level = \
+                 logical; then restart the standby)"
+            )));
+        }
+        if self.in_recovery && setting("hot_standby_feedback").await? != "on" {
+            warnings.push(
+                "hot_standby_feedback is off on the standby of source.replication_dsn: the \
+                 primary's vacuum may remove catalog rows the slot still needs, which \
+                 invalidates it (rows_removed) and costs a slot-loss recovery; set \
+                 hot_standby_feedback = on there (and primary_slot_name, so the primary keeps \
+                 the WAL the standby has not replayed)"
+                    .to_string(),
+            );
+        }
+        Ok(warnings)
+    }
+
+    /// Runs `create` (a slot's creation on this host) to its end. On a standby the creation
+    /// waits for the primary's next running-transactions record (logged every 15 s by the
+    /// background writer while there is activity): meanwhile ask the primary for one every
+    /// half second (`pg_log_standby_snapshot`, Postgres 16+, superuser unless granted; without
+    /// the right the creation just waits for the background writer).
+    pub async fn creating<T>(
+        &self,
+        primary: &Client,
+        create: impl std::future::Future<Output = T>,
+    ) -> T {
+        if !self.in_recovery {
+            return create.await;
+        }
+        let nudges = async {
+            let mut denied = false;
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                if denied {
+                    continue;
+                }
+                if let Err(e) = primary
+                    .query_one("SELECT pg_log_standby_snapshot()", &[])
+                    .await
+                {
+                    denied = true;
+                    tracing::info!(error = %RelayError::from(e), "the slot's creation on the standby waits for the primary's next running-transactions record (up to 15 s)");
+                }
+            }
+        };
+        tokio::select! {
+            out = create => out,
+            never = nudges => never,
+        }
+    }
+}
+
+/// Bytes the standby of `host` has still to replay (the primary's WAL end minus its replay
+/// position); `None` when the slot lives on the primary or the standby was promoted.
+pub async fn replay_lag(primary: &Client, host: &SlotHost) -> Result<Option<i64>, RelayError> {
+    if !host.in_recovery() {
+        return Ok(None);
+    }
+    let end: String = primary
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get(0);
+    Ok(host
+        .sql(primary)
+        .query_one(
+            "SELECT ($1::text::pg_lsn - pg_last_wal_replay_lsn())::bigint",
+            &[&end],
+        )
+        .await?
+        .get(0))
+}
