@@ -24,6 +24,10 @@ CREATE TABLE IF NOT EXISTS public.outboxd_slot_state (
 -- Upgrade from a table written before delivered_xid existed (outboxd init, or run as the owner).
 ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS delivered_xid xid8;
 ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS recovering_xid xid8;
+-- The outbox tables whose rows from before they joined the publication are published (or owed
+-- nothing): a table that joins later has them republished once (crates/outboxd/src/slot/join.rs).
+-- NULL until a session first records the tables published then.
+ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS joined_tables oid[];
 
 -- Bounds (issue 27): the relay's role writes this row, so a leaked relay credential could claim
 -- progress that never happened — a delivery mark or transaction id in the future empties a

@@ -27,8 +27,11 @@ BEGIN
         SELECT jsonb_agg(jsonb_build_array(object_type, object_identity)) INTO changed
         FROM pg_event_trigger_ddl_commands() WHERE object_type LIKE 'publication%';
     END IF;
+    -- 'event' tells a table added (ddl_command_end, 'publication relation' objects only) from
+    -- one dropped (sql_drop): an addition skips nothing of what was streamed before it.
     PERFORM pg_logical_emit_message(true, 'outboxd.publication',
-        jsonb_build_object('tag', TG_TAG, 'objects', COALESCE(changed, '[]'::jsonb))::text);
+        jsonb_build_object('tag', TG_TAG, 'event', TG_EVENT,
+                           'objects', COALESCE(changed, '[]'::jsonb))::text);
 END
 $$;
 

@@ -252,13 +252,20 @@ async fn an_old_parked_event_without_a_table_holds_everywhere_and_is_reported() 
         .get(0);
     assert!(guard.contains("source_table"), "the guard was not upgraded");
     wait_parked(&c, 4).await?;
+    // Sorted: shipping.outbox was published but not read by the one-table relay, so the first
+    // session that lists it republishes what it holds before streaming (crate::slot::join);
+    // shipping's P may then be held before billing's.
+    let mut now = parked(&c).await?;
+    now[2..].sort();
+    let mut held = [billing_p.to_string(), shipping_p.to_string()];
+    held.sort();
     assert_eq!(
-        parked(&c).await?,
+        now,
         [
             (old.to_string(), "parked".into(), "too_large".into()),
             ("gone-1".into(), "parked".into(), "too_large".into()),
-            (billing_p.to_string(), "blocked".into(), "blocked".into()),
-            (shipping_p.to_string(), "blocked".into(), "blocked".into()),
+            (held[0].clone(), "blocked".into(), "blocked".into()),
+            (held[1].clone(), "blocked".into(), "blocked".into()),
         ],
         "the event of no table holds P in every table; gone.outbox's holds none"
     );

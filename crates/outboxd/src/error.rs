@@ -44,6 +44,11 @@ pub enum RelayError {
     /// skipped is republished from the table by the next session (`crate::slot::publication`).
     #[error("the publication changed under the stream ({0}): the next session republishes what it may have skipped, from the outbox table")]
     PublicationChanged(String),
+    /// The tables a `[[source.tables]]` pattern matches changed while the session streamed (one
+    /// joined the publication, one was dropped): the next session reads them as they are,
+    /// after republishing what a joining table held before it joined (`crate::slot::join`).
+    #[error("{0}: the next session reads the outbox tables as they are now")]
+    TablesChanged(String),
     /// The slot lost events and outboxd may not, or cannot, recover them by itself
     /// (`on_slot_loss = "halt"`, rows already gone, nothing bounds the gap). The message names
     /// the gap and the command that recovers it.
@@ -126,6 +131,11 @@ impl RelayError {
                 "publication_changed",
                 Backoff,
                 "none if the table is (back) in the publication: the next session replaces the slot and republishes the gap from the table; otherwise ALTER PUBLICATION … ADD TABLE (outboxd check names it)",
+            ),
+            Self::TablesChanged(_) => (
+                "tables_changed",
+                Backoff,
+                "none: the next session relays a new table (and republishes the rows it held before it joined)",
             ),
             Self::SlotLost(_) => (
                 "slot_lost",

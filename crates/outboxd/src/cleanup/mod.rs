@@ -371,6 +371,8 @@ pub fn spawn(
                 _ = shutdown.changed() => return,
             }
             let result = async {
+                // The tables the patterns match now (crate::slot::join), like `outboxd cleanup`.
+                let cfg = crate::slot::join::view(&cfg).await;
                 let sql = connect(&cfg, None).await?;
                 run_once(&cfg, &sql, false, Some(&shutdown)).await
             }

@@ -41,6 +41,7 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     // is extended to cover every listed table.
     done.extend(crate::slot::publication::extend(cfg, &sql).await?);
     done.push(crate::slot::publication::install_guard(&sql).await?);
+    done.extend(crate::slot::join::install(cfg, &sql).await?);
     // outboxd's own tables go to source.relay_schema (the connection's search_path).
     let schema_exists: bool = sql
         .query_one(
@@ -337,6 +338,7 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
                 out.extend(columns(cfg, &t, &sql).await);
             }
             out.extend(coverage(cfg, &sql).await);
+            out.extend(patterns(cfg, &sql).await);
             out.push(if host.is_separate() {
                 line(
                     true,
@@ -523,10 +525,87 @@ async fn coverage(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLin
         )
     } else {
         let n = cfg.tables().len();
+        let found: Vec<String> = cfg
+            .tables()
+            .iter()
+            .filter(|t| t.discovered.is_some())
+            .map(|t| t.label())
+            .collect();
+        let found = match found.is_empty() {
+            true => String::new(),
+            false => format!(
+                " ({} matched by pattern: {})",
+                found.len(),
+                found.join(", ")
+            ),
+        };
         CheckLine::ok(
             WHAT,
-            format!("publication {p} covers the {n} listed table(s)"),
+            format!("publication {p} covers the {n} listed table(s){found}"),
         )
+    })
+}
+
+/// `[[source.tables]]` patterns: the matching tables outside the publication (not relayed
+/// until they join; nothing of theirs is lost) and whether new ones join by themselves (the
+/// event trigger `init` installs as a superuser).
+async fn patterns(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine> {
+    const WHAT: &str = "table patterns";
+    if !cfg.has_patterns() {
+        return None;
+    }
+    let waiting = match crate::slot::join::discover(cfg, sql).await {
+        Ok(found) => found,
+        Err(e) => return Some(CheckLine::fail(WHAT, e.to_string())),
+    };
+    let trigger = format!("outboxd_join_{}", cfg.source.publication);
+    let joiner: bool = match sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 \
+                 AND evtenabled <> 'D')",
+            &[&trigger],
+        )
+        .await
+    {
+        Ok(r) => r.get(0),
+        Err(e) => return Some(CheckLine::fail(WHAT, RelayError::from(e).to_string())),
+    };
+    let matched = cfg
+        .tables()
+        .iter()
+        .filter(|t| t.discovered.is_some())
+        .count();
+    let mut problems = Vec::new();
+    if !waiting.is_empty() {
+        let names: Vec<String> = waiting
+            .iter()
+            .map(|f| format!("{}.{}", f.schema, f.table))
+            .collect();
+        problems.push(format!(
+            "{} match but are not in publication {}: not relayed until they join (outboxd \
+             init adds them, or a relay whose role may; their rows are then republished)",
+            names.join(", "),
+            cfg.source.publication
+        ));
+    }
+    if !joiner {
+        problems.push(format!(
+            "no event trigger {trigger}: a new matching table joins only when outboxd init or \
+             a relay that may add it runs (and its rows are then republished); run `outboxd \
+             init` as a superuser"
+        ));
+    }
+    Some(match problems.is_empty() {
+        true => CheckLine::ok(
+            WHAT,
+            format!(
+                "{matched} table(s) matched and published; event trigger {trigger} adds new ones"
+            ),
+        ),
+        false => CheckLine::warn(
+            WHAT,
+            format!("{matched} matched and published; {}", problems.join("; ")),
+        ),
     })
 }
 

@@ -243,7 +243,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
-    let cfg = cfg.clone();
+    let cfg = match cli.cmd {
+        Cmd::Status { .. }
+        | Cmd::Replay { .. }
+        | Cmd::Cleanup { .. }
+        | Cmd::Check(_)
+        | Cmd::Parked { .. } => crate::slot::join::view(cfg).await,
+        _ => cfg.clone(),
+    };
     match cli.cmd {
         Cmd::Run(_) => {
             // This relay's health and counts: served on /readyz, reported in the status row.

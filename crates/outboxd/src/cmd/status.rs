@@ -96,7 +96,8 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     Ok(doc)
 }
 
-/// Each listed table, whether the publication includes it, and its open parked events; then
+/// Each listed table (and each a pattern matches, with its pattern; one outside the
+/// publication waits to join), whether the publication includes it, and its open parked events; then
 /// the open parked events of each table that is not listed (`"listed": false`: the relay
 /// releases none of them), those of no table under `null` (parked by a one-table relay, in a
 /// configuration that lists several). A one-table configuration shows this only when some of
@@ -132,12 +133,19 @@ async fn tables(
     let mut out: Vec<Value> = labels
         .iter()
         .zip(listed)
-        .map(|(label, n)| {
+        .zip(cfg.tables())
+        .map(|((label, n), t)| {
             let published = cov.as_ref().map(|c| !c.missing.contains(label));
             let n = readable.then_some(n);
-            json!({"table": label, "listed": true, "published": published, "open_parked": n})
+            json!({"table": label, "pattern": t.discovered, "listed": true, "published": published, "open_parked": n})
         })
         .collect();
+    // Tables a pattern matches that have not joined the publication: not relayed yet.
+    for f in crate::slot::join::discover(cfg, sql).await? {
+        let label = format!("{}.{}", f.schema, f.table);
+        let pattern = cfg.source.tables[f.entry].pattern.clone();
+        out.push(json!({"table": label, "pattern": pattern, "listed": true, "published": false, "open_parked": 0}));
+    }
     for (table, n) in others {
         out.push(json!({"table": table, "listed": false, "published": null, "open_parked": n}));
     }
@@ -296,8 +304,12 @@ pub fn render(v: &Value) -> String {
                 t["open_parked"]
             ),
             _ => format!(
-                "{}: published {}, open parked {}",
+                "{}{}: published {}, open parked {}",
                 t["table"].as_str().unwrap_or("-"),
+                match t["pattern"].as_str() {
+                    Some(p) => format!(" (pattern {p})"),
+                    None => String::new(),
+                },
                 match t["published"].as_bool() {
                     Some(true) => "yes",
                     Some(false) => "NO",

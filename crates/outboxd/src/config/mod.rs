@@ -492,7 +492,7 @@ impl Config {
     /// `source.table`, `[source.columns]` and `[sink] topic`, so every one-table path reads it
     /// exactly as it reads the shorthand.
     fn fold_single_table(&mut self) {
-        if self.source.tables.len() != 1 {
+        if self.source.tables.len() != 1 || self.has_patterns() {
             return;
         }
         let t = self.source.tables.remove(0);
@@ -512,6 +512,8 @@ impl Config {
     }
 
     /// Every outbox table this relay reads, overrides applied, in configuration order.
+    /// Pattern entries are not tables: a session adds the tables they match
+    /// ([`Config::with_discovered`]).
     pub fn tables(&self) -> Vec<tables::OutboxTable> {
         if self.source.tables.is_empty() {
             let (schema, name) = self.table_name();
@@ -520,6 +522,7 @@ impl Config {
                 name,
                 columns: self.source.columns.clone(),
                 topic: self.sink.topic.clone(),
+                discovered: None,
                 policy: self.policy.clone(),
                 validation: self.validation.clone(),
             }];
@@ -527,16 +530,21 @@ impl Config {
         self.source
             .tables
             .iter()
+            .filter(|t| t.pattern.is_none())
             .map(|t| {
                 let (schema, name) = tables::split(&t.name);
                 tables::OutboxTable {
+                    topic: match &t.topic {
+                        Some(own) => tables::topic_for(own, &schema, &name),
+                        None => self.sink.topic.clone(),
+                    },
                     schema,
                     name,
                     columns: t
                         .columns
                         .clone()
                         .unwrap_or_else(|| self.source.columns.clone()),
-                    topic: t.topic.clone().unwrap_or_else(|| self.sink.topic.clone()),
+                    discovered: t.discovered.clone(),
                     policy: match &t.policy {
                         Some(p) => p.merged(&self.policy),
                         None => self.policy.clone(),
@@ -550,10 +558,50 @@ impl Config {
             .collect()
     }
 
-    /// More than one outbox table: records carry the `source_table` header, and what reads
-    /// only one table refuses the configuration ([`Config::one_table`]).
+    /// The `pattern` entries of `[[source.tables]]`, each with the entry's index.
+    pub fn patterns(&self) -> Vec<(usize, tables::Pattern)> {
+        self.source
+            .tables
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let p = tables::Pattern::parse(t.pattern.as_deref()?).ok()?;
+                Some((i, p))
+            })
+            .collect()
+    }
+
+    /// Has `[[source.tables]]` any `pattern` entry?
+    pub fn has_patterns(&self) -> bool {
+        self.source.tables.iter().any(|t| t.pattern.is_some())
+    }
+
+    /// This configuration with the tables the patterns match now (`(schema, table, entry
+    /// index)`, from the catalog) listed as entries of their own, after the listed ones: what
+    /// a session reads. The pattern entries stay, so the session knows a table that joins
+    /// later.
+    pub fn with_discovered(&self, found: &[(String, String, usize)]) -> Config {
+        let mut c = self.clone();
+        for (schema, table, i) in found {
+            let entry = &self.source.tables[*i];
+            c.source.tables.push(tables::TableEntry {
+                name: format!("{schema}.{table}"),
+                pattern: None,
+                columns: entry.columns.clone(),
+                topic: entry.topic.clone(),
+                discovered: entry.pattern.clone(),
+                policy: entry.policy.clone(),
+                validation: entry.validation.clone(),
+            });
+        }
+        c
+    }
+
+    /// More than one outbox table, or a pattern (however many tables it matches now: records
+    /// keep one shape as tenants come): records carry the `source_table` header, and what
+    /// reads only one table refuses the configuration ([`Config::one_table`]).
     pub fn is_multi_table(&self) -> bool {
-        self.source.tables.len() > 1
+        self.source.tables.len() > 1 || self.has_patterns()
     }
 
     /// Do records carry the `source_table` header? With several tables, and for one table of

@@ -1,6 +1,7 @@
 //! Checks of a parsed configuration that serde cannot express: each error names the setting and
 //! the fix, before anything connects.
 
+use super::tables::Pattern;
 use super::{invalid, Config, ConfigError};
 use std::str::FromStr;
 use std::time::Duration;
@@ -42,25 +43,52 @@ impl Config {
         }
         let mut seen = std::collections::BTreeSet::new();
         for (i, t) in s.tables.iter().enumerate() {
-            let key = format!("source.tables[{i}].name");
-            table_name(&key, &t.name)?;
-            if !seen.insert(super::tables::split(&t.name)) {
-                return Err(invalid(format!(
-                    "{key} = {:?}: the table is listed twice; list each outbox table once",
-                    t.name
-                )));
-            }
+            let what = match (&t.pattern, t.name.is_empty()) {
+                (Some(p), true) => {
+                    Pattern::parse(p).map_err(|e| invalid(format!("source.tables[{i}].{e}")))?;
+                    if !seen.insert((format!("pattern {p}"), String::new())) {
+                        return Err(invalid(format!(
+                            "source.tables[{i}].pattern = {p:?}: the pattern is given twice"
+                        )));
+                    }
+                    p.clone()
+                }
+                (Some(p), false) => {
+                    return Err(invalid(format!(
+                        "source.tables[{i}]: name = {:?} and pattern = {p:?} are both set: an \
+                         entry is one table (name) or every table a pattern matches (pattern)",
+                        t.name
+                    )))
+                }
+                (None, _) => {
+                    let key = format!("source.tables[{i}].name");
+                    table_name(&key, &t.name)?;
+                    if !seen.insert(super::tables::split(&t.name)) {
+                        return Err(invalid(format!(
+                            "{key} = {:?}: the table is listed twice; list each outbox table once",
+                            t.name
+                        )));
+                    }
+                    t.name.clone()
+                }
+            };
             if let Some(c) = &t.columns {
                 c.resolve()
-                    .map_err(|e| invalid(format!("source.tables[{i}] ({}): {}", t.name, e.0)))?;
+                    .map_err(|e| invalid(format!("source.tables[{i}] ({what}): {}", e.0)))?;
             }
             if let Some(topic) = &t.topic {
-                crate::relay::route::TopicTemplate::parse(topic).map_err(|e| {
-                    invalid(format!("source.tables[{i}] ({}): topic: {}", t.name, e.0))
+                let probe = super::tables::topic_for(topic, "s", "t");
+                crate::relay::route::TopicTemplate::parse(&probe).map_err(|e| {
+                    invalid(format!(
+                        "source.tables[{i}] ({what}): topic: {} ({{schema}} and {{table}} are \
+                         the table's names)",
+                        e.0
+                    ))
                 })?;
             }
             self.validate_table_policy(i, t)?;
         }
+        self.refuse_ambiguous()?;
         if s.tables.len() > MAX_TABLES {
             return Err(invalid(format!(
                 "source.tables lists {} tables; at most {MAX_TABLES} go through one relay (each \
@@ -78,6 +106,7 @@ impl Config {
         i: usize,
         t: &super::tables::TableEntry,
     ) -> Result<(), ConfigError> {
+        let what = t.pattern.as_deref().unwrap_or(&t.name);
         if let Some((event_type, key, ours, theirs)) =
             t.policy.as_ref().and_then(|p| p.conflicts(&self.policy))
         {
@@ -88,7 +117,7 @@ impl Config {
                  [source.tables.policy.event_types.{event_type}] with the {key} this table \
                  wants (a table's entry replaces the top-level one; see docs/configuration.md, \
                  \"Several outbox tables\")",
-                t.name
+                what
             )));
         }
         if let Some(v) = &t.validation {
@@ -97,8 +126,42 @@ impl Config {
                     "source.tables[{i}] ({}): validation.require_schema = true but neither the \
                      table nor [validation] sets schema_dir: set the directory its schemas are \
                      in (validation = {{ schema_dir = \"…\", require_schema = true }})",
-                    t.name
+                    what
                 )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A listed table that a pattern matches too is read as listed; that is ambiguous (and
+    /// refused) when the pattern would read it otherwise (another column mapping or topic).
+    fn refuse_ambiguous(&self) -> Result<(), ConfigError> {
+        let patterns = self.patterns();
+        for t in self.tables() {
+            for (i, p) in &patterns {
+                if !p.matches(&t.schema, &t.name) {
+                    continue;
+                }
+                let entry = &self.source.tables[*i];
+                let columns = entry.columns.as_ref().unwrap_or(&self.source.columns);
+                let topic = match &entry.topic {
+                    Some(own) => super::tables::topic_for(own, &t.schema, &t.name),
+                    None => self.sink.topic.clone(),
+                };
+                if *columns != t.columns || topic != t.topic {
+                    return Err(invalid(format!(
+                        "{} is listed by name and matches source.tables[{i}].pattern = \"{p}\" \
+                         with another {}: which applies would be a guess. Give the listed entry \
+                         the pattern's settings, or rename the table or narrow the pattern so \
+                         that it no longer matches",
+                        t.label(),
+                        if *columns != t.columns {
+                            "column mapping"
+                        } else {
+                            "topic"
+                        }
+                    )));
+                }
             }
         }
         Ok(())

@@ -51,6 +51,23 @@ struct ReleaseRoute {
     validator: Option<Validator>,
 }
 
+impl ReleaseRoute {
+    fn of(t: &crate::config::tables::OutboxTable, tagged: bool) -> Result<Self, RelayError> {
+        Ok(Self {
+            label: t.label(),
+            topic: TopicTemplate::parse(&t.topic)?,
+            names: t.columns.resolve()?,
+            null_default: match t.columns.preset {
+                crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
+                crate::relay::route::Preset::Outboxd => NullPayload::Park,
+            },
+            provenance: Provenance::new(t, tagged)?,
+            policy: t.policy.clone(),
+            validator: Validator::from_config(&t.validation),
+        })
+    }
+}
+
 /// See the module docs. One per session.
 pub struct PoisonHandler {
     slot: String,
@@ -108,25 +125,20 @@ impl PoisonHandler {
             routes: cfg
                 .tables()
                 .iter()
-                .map(|t| {
-                    Ok(ReleaseRoute {
-                        label: t.label(),
-                        topic: TopicTemplate::parse(&t.topic)?,
-                        names: t.columns.resolve()?,
-                        null_default: match t.columns.preset {
-                            crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
-                            crate::relay::route::Preset::Outboxd => NullPayload::Park,
-                        },
-                        provenance: Provenance::new(t, cfg.tags_records())?,
-                        policy: t.policy.clone(),
-                        validator: Validator::from_config(&t.validation),
-                    })
-                })
+                .map(|t| ReleaseRoute::of(t, cfg.tags_records()))
                 .collect::<Result<_, RelayError>>()?,
             tagged: cfg.tags_records(),
             topic_buf: String::new(),
             refuse_all,
         })
+    }
+
+    /// A table the session reads from now on, at the next index (a table a pattern matched
+    /// that left the publication while the stream still holds its rows,
+    /// [`crate::relay::outboxes::Outboxes::adopt`]).
+    pub fn add_table(&mut self, t: &crate::config::tables::OutboxTable) -> Result<(), RelayError> {
+        self.routes.push(ReleaseRoute::of(t, self.tagged)?);
+        Ok(())
     }
 
     /// Is a NULL payload of this type, from the listed table at index `table`, poison

@@ -6,7 +6,7 @@
 //! listed table's Relation is resolved against that table's mapping; other published tables'
 //! changes are counted and ignored.
 
-use crate::config::tables::SOURCE_TABLE_HEADER;
+use crate::config::tables::{OutboxTable, Pattern, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::pgoutput::Relation;
@@ -63,6 +63,13 @@ pub enum Lookup<'a> {
 /// See the module docs. One per session.
 pub struct Outboxes {
     tables: Vec<Outbox>,
+    /// `[[source.tables]]` patterns, each with its entry's index: a table they match that is
+    /// not among `tables` joined while the session streamed ([`crate::slot::join`]), or left
+    /// the publication since (see [`Outboxes::adopt`]).
+    patterns: Vec<(usize, Pattern)>,
+    /// The configuration, for the settings of a table [`Outboxes::adopt`] reads (patterns only).
+    cfg: Option<Box<Config>>,
+    tagged: bool,
     by_rel: HashMap<u32, (usize, RowMapping)>,
     others: HashSet<u32>,
 }
@@ -86,6 +93,9 @@ impl Outboxes {
             .collect::<Result<Vec<_>, RelayError>>()?;
         Ok(Self {
             tables,
+            patterns: cfg.patterns(),
+            cfg: cfg.has_patterns().then(|| Box::new(cfg.clone())),
+            tagged,
             by_rel: HashMap::new(),
             others: HashSet::new(),
         })
@@ -93,7 +103,8 @@ impl Outboxes {
 
     /// A Relation message: a listed table's columns resolved against its mapping (Err when a
     /// required column is missing), anything else remembered as not ours. A listed table
-    /// renamed away stops being one.
+    /// renamed away stops being one. A table a pattern matches that the session does not read
+    /// joined the publication since it started: Err([`RelayError::TablesChanged`]).
     pub fn on_relation(&mut self, rel: &Relation) -> Result<(), RelayError> {
         let listed = self
             .tables
@@ -114,12 +125,50 @@ impl Outboxes {
                 self.by_rel.insert(rel.id, (i, mapping));
                 self.others.remove(&rel.id);
             }
+            None if self.pattern_of(rel).is_some() => {
+                return Err(RelayError::TablesChanged(format!(
+                    "outbox table {}.{} joined the publication",
+                    rel.namespace, rel.name
+                )));
+            }
             None => {
                 self.by_rel.remove(&rel.id);
                 self.others.insert(rel.id);
             }
         }
         Ok(())
+    }
+
+    fn pattern_of(&self, rel: &Relation) -> Option<usize> {
+        self.patterns
+            .iter()
+            .position(|(_, p)| p.matches(&rel.namespace, &rel.name))
+    }
+
+    /// Reads a table a pattern matches that is no longer in the publication (dropped, or
+    /// removed from it) but whose rows the stream still holds from when it was: relayed through
+    /// the pattern's mapping, like when it was one of the session's tables. (Ending the session
+    /// instead would meet the same Relation message again in the next one, forever.)
+    /// Returns the table's settings (`None`: no pattern matches; read as any Relation).
+    pub fn adopt(&mut self, rel: &Relation) -> Result<Option<OutboxTable>, RelayError> {
+        let (Some(i), Some(cfg)) = (self.pattern_of(rel), self.cfg.as_ref()) else {
+            self.on_relation(rel)?;
+            return Ok(None);
+        };
+        let found = [(rel.namespace.clone(), rel.name.clone(), self.patterns[i].0)];
+        let Some(t) = cfg.with_discovered(&found).tables().pop() else {
+            return Ok(None);
+        };
+        self.tables.push(Outbox {
+            schema: t.schema.clone(),
+            name: t.name.clone(),
+            names: t.columns.resolve()?,
+            topic: TopicTemplate::parse(&t.topic)?,
+            label: Arc::from(t.label()),
+            tagged: self.tagged,
+        });
+        self.on_relation(rel)?;
+        Ok(Some(t))
     }
 
     pub fn lookup(&self, rel: u32) -> Lookup<'_> {
@@ -209,6 +258,32 @@ mod tests {
         o.on_relation(&relation(1, "a", "outbox_old", &OUTBOXD))
             .unwrap();
         assert!(matches!(o.lookup(1), Lookup::Other));
+    }
+
+    #[test]
+    fn a_table_a_pattern_matches_that_the_session_does_not_read_ends_it() {
+        let base = cfg("[[source.tables]]\npattern = \"tenant_%.outbox\"\n");
+        let c = base.with_discovered(&[("tenant_a".into(), "outbox".into(), 0)]);
+        let mut o = Outboxes::new(&c).unwrap();
+        o.on_relation(&relation(1, "tenant_a", "outbox", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(1), Lookup::Outbox(0, _)));
+        let e = o
+            .on_relation(&relation(2, "tenant_b", "outbox", &OUTBOXD))
+            .unwrap_err();
+        assert!(
+            matches!(e, RelayError::TablesChanged(ref t) if t.contains("tenant_b.outbox joined"))
+        );
+        // One that left the publication since: its rows in the stream go the pattern's way.
+        o.adopt(&relation(2, "tenant_b", "outbox", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(2), Lookup::Outbox(1, _)));
+        assert_eq!(&*o.get(1).label, "tenant_b.outbox");
+        o.on_relation(&relation(3, "other", "outbox", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(3), Lookup::Other));
+        // A pattern's records always name their table, however many it matches now.
+        assert!(c.tags_records());
     }
 
     #[test]

@@ -60,6 +60,9 @@ pub async fn run_session_as(
     shadow: Option<&crate::shadow::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     let sql = source::sql_connect(cfg).await?;
+    // The tables the patterns match now join this session's list (crate::slot::join).
+    let resolved = crate::slot::join::resolve(cfg, &sql).await?;
+    let cfg = &resolved;
     // A gap the publication left is owed and the table is still out of it: wait for it to be
     // back (recovering now would start the new slot inside the change).
     if publication_owed(cfg, &sql).await && !publication::covered(cfg, &sql).await? {
@@ -167,14 +170,23 @@ pub async fn run_session_as(
     let (producer, mut acks) =
         Producer::for_session(cfg, observed.clone(), &identity.system_id, st.sql()).await?;
     let mut repl = match recovery {
-        None => source::start_stream(cfg, start, status_interval).await?,
+        None => {
+            if mode == Mode::Stream
+                && !join_up(cfg, &mut st, &producer, &mut acks, shutdown, start).await?
+            {
+                return Ok(SessionEnd::Shutdown);
+            }
+            source::start_stream(cfg, start, status_interval).await?
+        }
         Some(p) => {
             let Some((gated, start)) =
                 recovery::publish(cfg, p, &mut st, &producer, &mut acks, shutdown).await?
             else {
                 return Ok(SessionEnd::Shutdown);
             };
-            if mode != Mode::Stream {
+            if mode != Mode::Stream
+                || !join_up(cfg, &mut st, &producer, &mut acks, shutdown, start).await?
+            {
                 return Ok(SessionEnd::Shutdown);
             }
             match gated {
@@ -218,6 +230,8 @@ pub async fn run_session_as(
         probe: Some(sql_bounded(XidProbe::take(st.sql())).await?),
     };
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    // Tables a pattern matches that this role could not add to the publication (said once).
+    let mut refused = Vec::new();
     let mut stream = Gulp::new(&mut repl, Duration::from_millis(cfg.relay.read_linger_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -257,6 +271,11 @@ pub async fn run_session_as(
                     sql_bounded(st.obs_tick(room)).await?;
                     if Instant::now() >= next_state {
                         next_state = Instant::now() + state_every;
+                        // A pattern's table dropped is no publication change: first.
+                        let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused);
+                        if let Some(what) = sql_bounded(changed).await? {
+                            return Err(RelayError::TablesChanged(what));
+                        }
                         // Before a probe may be adopted: never past a change of the publication.
                         if !sql_bounded(publication::covered(cfg, st.sql())).await? {
                             return Err(RelayError::PublicationChanged(
@@ -298,7 +317,9 @@ pub async fn run_session_as(
 
     // Whatever ended the session, confirm exactly what the broker acknowledged.
     let deadline = Instant::now() + cfg.shutdown_timeout();
-    if result.is_ok() {
+    // A table that joined or left is routine: the other tables' records in flight land too,
+    // so the next session does not send them again.
+    if matches!(result, Ok(()) | Err(RelayError::TablesChanged(_))) {
         // Graceful: stop reading, let in-flight events land.
         'drain: while st.in_flight().events() > 0 && Instant::now() < deadline {
             producer.flush(Duration::from_millis(100));
@@ -440,6 +461,25 @@ async fn publication_owed(cfg: &Config, sql: &tokio_postgres::Client) -> bool {
         Ok(Some(st)) if st.recovering_xid.is_some()
             && st.recovery_reason.as_deref().is_some_and(|r| r.starts_with(publication::REASON))
     )
+}
+
+/// Tables that joined the publication since the last session: their earlier rows go out
+/// before the stream (crate::slot::join). `false`: shutdown came first.
+async fn join_up(
+    cfg: &Config,
+    st: &mut Stages,
+    producer: &crate::relay::kafka::Producer,
+    acks: &mut tokio::sync::mpsc::UnboundedReceiver<crate::relay::kafka::Ack>,
+    shutdown: &mut watch::Receiver<bool>,
+    start: u64,
+) -> Result<bool, RelayError> {
+    let mut out = crate::slot::join::Out {
+        st,
+        producer,
+        acks,
+        shutdown,
+    };
+    crate::slot::join::catch_up(cfg, &mut out, start).await
 }
 
 /// Zero series, so rates and alerts on them work before the first loss.

@@ -262,7 +262,15 @@ impl Stages {
 
     async fn on_data(&mut self, data: &[u8], producer: &Producer) -> Result<(), RelayError> {
         match pgoutput::decode(data)? {
-            Message::Relation(rel) => self.outboxes.on_relation(&rel)?,
+            Message::Relation(rel) => match self.outboxes.on_relation(&rel) {
+                Err(RelayError::TablesChanged(t)) if !self.published(&rel).await? => {
+                    tracing::warn!(table = %t, "relaying what the stream holds of a table the pattern matches that is no longer in the publication (dropped, or removed from it)");
+                    if let Some(t) = self.outboxes.adopt(&rel)? {
+                        self.poison.add_table(&t)?;
+                    }
+                }
+                r => r?,
+            },
             Message::Insert { rel, tuple } => match self.outboxes.lookup(rel) {
                 Lookup::Outbox(..) => self.on_outbox_row(rel, tuple, producer).await?,
                 Lookup::Other => self.ignore(),
@@ -387,6 +395,23 @@ impl Stages {
         producer.send(topic, &event, seq).await;
         fail::hit("produced");
         Ok(())
+    }
+
+    /// Is `rel` (by name) in the publication now? A table that joined is; one dropped or
+    /// removed since is not ([`Outboxes::adopt`]).
+    async fn published(&self, rel: &pgoutput::Relation) -> Result<bool, RelayError> {
+        let q = async {
+            let row = self
+                .sql
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 \
+                         AND schemaname = $2 AND tablename = $3)",
+                    &[&self.publication, &rel.namespace, &rel.name],
+                )
+                .await?;
+            Ok(row.get(0))
+        };
+        sql_bounded(q).await
     }
 
     fn ignore(&mut self) {

@@ -4,6 +4,7 @@
 pub(crate) mod fence;
 pub(crate) mod gap;
 pub(crate) mod guard;
+pub(crate) mod join;
 pub(crate) mod publication;
 pub(crate) mod recovery;
 pub(crate) mod state;

@@ -43,6 +43,17 @@ pub fn concerns(content: &[u8], publication: &str) -> Option<String> {
         return None;
     }
     let objects = v["objects"].as_array().cloned().unwrap_or_default();
+    // Tables added, nothing dropped (the guard's `event` says which; older guards do not):
+    // what was streamed before stays streamed. A table that joins is the join's
+    // ([`crate::slot::join`]): the relay notices it at its first Relation message.
+    let added_only = v["event"].as_str() == Some("ddl_command_end")
+        && !objects.is_empty()
+        && objects
+            .iter()
+            .all(|o| o[0].as_str() == Some("publication relation"));
+    if added_only {
+        return None;
+    }
     let quoted = format!("\"{}\"", publication.replace('"', "\"\""));
     let hit = objects.is_empty()
         || objects.iter().any(|o| {
@@ -89,16 +100,47 @@ pub struct Coverage {
     pub unlisted: Vec<String>,
 }
 
-/// The tables the publication includes (`schema.table`); `None` when it does not exist.
-async fn published(cfg: &Config, sql: &Client) -> Result<Option<Vec<String>>, RelayError> {
-    let exists: bool = sql
+/// Whether the relay's publication exists.
+pub async fn exists(cfg: &Config, sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
             &[&cfg.source.publication],
         )
         .await?
-        .get(0);
-    if !exists {
+        .get(0))
+}
+
+/// Whether the connection's role is a superuser (CREATE EVENT TRIGGER needs one).
+pub async fn superuser(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// `ALTER PUBLICATION … ADD TABLE schema.table`.
+pub async fn add_table(
+    cfg: &Config,
+    sql: &Client,
+    schema: &str,
+    table: &str,
+) -> Result<(), tokio_postgres::Error> {
+    sql.batch_execute(&format!(
+        "ALTER PUBLICATION {} ADD TABLE {}.{}",
+        quote_ident(&cfg.source.publication),
+        quote_ident(schema),
+        quote_ident(table)
+    ))
+    .await
+}
+
+/// The tables the publication includes (`schema.table`); `None` when it does not exist.
+async fn published(cfg: &Config, sql: &Client) -> Result<Option<Vec<String>>, RelayError> {
+    if !exists(cfg, sql).await? {
         return Ok(None);
     }
     let rows = sql
@@ -130,9 +172,9 @@ pub async fn coverage(cfg: &Config, sql: &Client) -> Result<Option<Coverage>, Re
     }))
 }
 
-/// `init`: adds every listed table the (existing) publication does not include yet. A running
-/// relay sees the change in its stream and republishes the gap from the tables; the added
-/// table's rows are streamed from the change on (earlier ones are the operator's to replay).
+/// `init`: adds every listed table the (existing) publication does not include yet. The added
+/// table's rows are streamed from the change on; the rows it held before are republished by
+/// the next session of a relay that already ran on the slot ([`crate::slot::join`]).
 pub async fn extend(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayError> {
     let Some(cov) = coverage(cfg, sql).await? else {
         return Ok(Vec::new());
@@ -155,9 +197,11 @@ pub async fn extend(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayErro
         done.push(if earlier {
             format!(
                 "publication {} extended with {label}; its rows written before now are NOT \
-                 streamed (only inserts from now on are): if they must go out, republish them \
-                 with `outboxd replay --table {label} --since … --until …`",
-                cfg.source.publication
+                 streamed (only inserts from now on are): a relay that has already run on slot \
+                 {} republishes them when its next session starts (before it streams the \
+                 table); on a slot's first run they are not, and if they must go out, republish \
+                 them with `outboxd replay --table {label} --since … --until …`",
+                cfg.source.publication, cfg.source.slot
             )
         } else {
             format!(
@@ -178,14 +222,7 @@ pub async fn install_guard(sql: &Client) -> Result<String, RelayError> {
                 .into(),
         );
     }
-    let superuser: bool = sql
-        .query_one(
-            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
-            &[],
-        )
-        .await?
-        .get(0);
-    if !superuser {
+    if !superuser(sql).await? {
         return Ok(
             "event trigger outboxd_publication_ddl NOT installed (CREATE EVENT TRIGGER \
                    needs a superuser): publication changes shorter than source.state_interval_ms \
@@ -206,10 +243,12 @@ pub async fn guarded(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
         .query_one(
             // With its function's search_path pinned (issue 27): an older install's function
-            // runs with the caller's path, often a superuser's, and is replaced by init.
+            // runs with the caller's path, often a superuser's, and is replaced by init. And
+            // with the event in its messages (a table added is no gap): older ones are replaced.
             "SELECT count(*) = 2 FROM pg_event_trigger e JOIN pg_proc p ON p.oid = e.evtfoid \
              WHERE e.evtname IN ('outboxd_publication_ddl', 'outboxd_publication_drop') \
-               AND e.evtenabled <> 'D' AND p.proconfig IS NOT NULL",
+               AND e.evtenabled <> 'D' AND p.proconfig IS NOT NULL \
+               AND p.prosrc LIKE '%''event'', TG_EVENT%'",
             &[],
         )
         .await?
@@ -232,6 +271,14 @@ mod tests {
         assert!(concerns(rel, "outbox_pub").is_none());
         let drop = br#"{"tag":"DROP PUBLICATION","objects":[]}"#;
         assert!(concerns(drop, "outbox_pub").is_some(), "unknown: assume it");
+        // A table added (measured on PG 15: ADD TABLE's ddl_command_end) is no gap; the same
+        // objects from sql_drop (DROP TABLE), or from a guard without `event`, are.
+        let add = br#"{"tag":"ALTER PUBLICATION","event":"ddl_command_end","objects":[["publication relation","t.outbox in publication outbox_pub"]]}"#;
+        assert_eq!(concerns(add, "outbox_pub"), None);
+        let dropped = br#"{"tag":"ALTER PUBLICATION","event":"sql_drop","objects":[["publication relation","t.outbox in publication outbox_pub"]]}"#;
+        assert!(concerns(dropped, "outbox_pub").is_some());
+        let options = br#"{"tag":"ALTER PUBLICATION","event":"ddl_command_end","objects":[["publication","outbox_pub"]]}"#;
+        assert!(concerns(options, "outbox_pub").is_some());
         let create = br#"{"tag":"CREATE PUBLICATION","objects":[["publication","outbox_pub"]]}"#;
         assert!(concerns(create, "outbox_pub").is_none());
         assert!(concerns(b"not json", "outbox_pub").is_none());

@@ -340,9 +340,13 @@ pub async fn prepare(
             order,
         });
     }
-    let first = rest
-        .pop_front()
-        .expect("a configuration lists at least one table");
+    let Some(first) = rest.pop_front() else {
+        return Err(RelayError::Setup(
+            "no outbox table to recover from: the patterns of source.tables match no table in \
+             the publication yet"
+                .into(),
+        ));
+    };
     let reader = first.cursor(reader, start, mark).await?;
     Ok(Prepared {
         repl,

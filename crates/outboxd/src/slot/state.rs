@@ -83,7 +83,11 @@ pub async fn load_if_present(sql: &Client, slot: &str) -> Result<Option<Recorded
 /// installs the guard, and `outboxd check` says it is missing.
 pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
     let present = table_exists(sql).await?;
-    if present && has_xid_columns(sql).await? && guard_installed(sql).await? {
+    if present
+        && has_xid_columns(sql).await?
+        && has_joined_column(sql).await?
+        && guard_installed(sql).await?
+    {
         return Ok(());
     }
     // Without the xid columns the relay cannot run: only the guard may be left for init.
@@ -99,6 +103,20 @@ pub async fn guard_installed(sql: &Client) -> Result<bool, RelayError> {
              WHERE t.tgrelid = to_regclass('outboxd_slot_state') \
                AND t.tgname = 'outboxd_slot_state_guard' AND t.tgenabled <> 'D' \
                AND p.proconfig IS NOT NULL)",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// `joined_tables` (crate::slot::join): optional for a relay without patterns, so a role that
+/// cannot add it goes on (late joins are then not tracked; `outboxd init` adds it).
+async fn has_joined_column(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+             WHERE attrelid = to_regclass('outboxd_slot_state') \
+               AND attname = 'joined_tables' AND NOT attisdropped)",
             &[],
         )
         .await?
@@ -344,6 +362,31 @@ pub async fn finish_recovery(
             &events,
             &xid.map(|x| x.to_string()),
         ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The tables (oids) whose rows from before they joined the publication are taken care of
+/// ([`crate::slot::join`]). `Ok(None)`: not recorded yet (a NULL column, or no row). Err when
+/// the column is missing (a table this role could not upgrade: `outboxd init` adds it).
+pub async fn joined(sql: &Client, slot: &str) -> Result<Option<Vec<u32>>, RelayError> {
+    let r = sql
+        .query_opt(
+            "SELECT joined_tables FROM outboxd_slot_state WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(r.and_then(|r| r.get::<_, Option<Vec<u32>>>(0)))
+}
+
+/// Adds `oids` to [`joined`] (the first call records the tables published then).
+pub async fn add_joined(sql: &Client, slot: &str, oids: &[u32]) -> Result<(), RelayError> {
+    sql.execute(
+        "UPDATE outboxd_slot_state SET joined_tables = ARRAY(SELECT DISTINCT unnest( \
+             COALESCE(joined_tables, '{}'::oid[]) || $2::oid[]) ORDER BY 1), updated_at = now() \
+         WHERE slot_name = $1",
+        &[&slot, &oids],
     )
     .await?;
     Ok(())

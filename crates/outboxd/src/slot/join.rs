@@ -1,0 +1,599 @@
+//! Tables that join the publication while outboxd relays it: `[[source.tables]]` `pattern`
+//! entries (new tenants without a restart) and every late addition, exactly (R44, issue 30).
+//!
+//! # What Postgres does (measured on 15.18 with pgoutput and psql; `tests/tests/multi_table_pattern.rs`
+//! passes on 14.23, 15.18, 17.10 and 18.4)
+//! - pgoutput decodes a table's inserts from the WAL position where the table joined the
+//!   publication on: a row committed before is never streamed, and so is a row a transaction
+//!   wrote *before* the join even when it commits after it (`ALTER PUBLICATION … ADD TABLE`
+//!   takes only ShareUpdateExclusiveLock, so writers straddle it). The same transaction's
+//!   later rows, and rows of transactions that began before the join but wrote the table after
+//!   it, are streamed.
+//! - Rows a transaction writes after adding the table in that same transaction are streamed;
+//!   rows it wrote before adding it are not (`CREATE TABLE; INSERT; ALTER PUBLICATION … ADD`).
+//! - An event trigger on `ddl_command_end` of `CREATE TABLE` that adds the table runs before
+//!   any row can exist (the table is created by that very command): every row is streamed,
+//!   including those of the creating transaction. The trigger's own `ALTER PUBLICATION` fires
+//!   the publication guard (sql/080) too; its message says `ddl_command_end` with only
+//!   `publication relation` objects, which [`crate::slot::publication::concerns`] takes for an
+//!   addition (no gap) rather than a change that skipped rows.
+//!
+//! # Who adds a table
+//! - `outboxd init` (as a superuser) installs [`joiner_sql`]: an event trigger that adds every
+//!   table a pattern matches (and a listed table created later) to the publication in the
+//!   transaction that creates it (or renames it into a match), SECURITY DEFINER so that the
+//!   tenant's migration role needs no rights on the publication. It catches no error: an
+//!   exception block is a subtransaction, and the publication row would then carry another
+//!   transaction id than the table (measured), which the exactness check below relies on;
+//!   as the superuser it adds any permanent table. Without a superuser there is no trigger; then
+//! - `outboxd init` adds every matching table it finds (run it on a schedule, or in the
+//!   tenant's provisioning), and
+//! - each session start ([`resolve`]) and each state write of a streaming session
+//!   ([`changed`]) adds the matching tables the publication lacks when the relay's role may (it
+//!   owns the publication and the table), and otherwise leaves them out, with a warning, until
+//!   someone adds them. Their rows wait in the table; nothing is lost.
+//!
+//! # Exactness: what a table that joins late is owed
+//! The slot's state row records which tables are taken care of (`joined_tables`, oids). At
+//! each session start, before streaming, [`catch_up`] looks at every table of the session that
+//! is not recorded yet:
+//! - "born in the publication": its row type and its `pg_publication_rel` row were written by
+//!   one transaction and no row of the table was written by that transaction before the
+//!   addition (`cmin` below the publication row's). Every row is in the stream: nothing owed.
+//!   (A publication `FOR ALL TABLES` holds every table from its creation: the same.)
+//! - otherwise its earlier rows were not streamed. Wait until every transaction that holds a
+//!   write lock on the table now has ended (pg_locks: every straddler holds RowExclusiveLock
+//!   since its first row), then read the whole table under one snapshot and republish every
+//!   row through the session's stages (the recovery path: same router, parking, records), in
+//!   per-aggregate version order, before the stream starts. The snapshot sees every row the
+//!   stream lacks: those committed before the join, and the straddlers' (they committed
+//!   before it was taken). It may see rows the stream also delivers (committed after the
+//!   join): duplicates with their own `event_id`, after the republished ones, so the first
+//!   copies are in order. No lock is taken, so no write is blocked.
+//! - then the table is recorded. A crash before that republishes it again (duplicates only).
+//!
+//! The first session that finds no record records the tables published then without
+//! republishing them: what was streamed before this version stays as it was.
+//!
+//! While a session streams, a Relation message for a table a pattern matches that the session
+//! does not read, or a state write finding one in the publication, ends the session
+//! ([`RelayError::TablesChanged`], after its records in flight landed); the next one, a moment
+//! later, resolves it and catches up as above. The stream has not confirmed past the table's
+//! first row, so a table born in the publication is streamed from its first row, once.
+//!
+//! A table a pattern matched that was dropped (or left the publication) while the stream still
+//! holds rows of it: its Relation message is read through the pattern's mapping
+//! ([`crate::relay::outboxes::Outboxes::adopt`]), since the catalog no longer lists it (ending
+//! the session would meet the same message again, forever). A drop the state write notices
+//! ends the session as a change of tables, not of the publication (no recovery).
+//!
+//! The relay's role reads every row of a table that joins late: it needs SELECT on the
+//! tenants' tables (until then the session retries, naming the grant).
+//!
+//! # Bounds
+//! The tables of one relay (listed plus discovered) are at most [`MAX_TABLES`]: each is a
+//! value of the `table` metric label. A session that would read more refuses to start, naming
+//! the count.
+
+use crate::config::tables::OutboxTable;
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::relay::kafka::{Ack, Producer};
+use crate::relay::source::{self, quote_ident};
+use crate::relay::stages::Stages;
+use crate::relay::table_reader::{self, Flow, NoHooks, TableReader};
+use crate::slot::publication;
+use crate::slot::state as slot_state;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::Client;
+
+/// Most tables one relay reads (listed and discovered).
+pub const MAX_TABLES: usize = 256;
+
+/// outboxd's own tables (`outbox_parked*`, `outboxd_*`, over `c`, a `pg_class` row): never an
+/// outbox, whatever a pattern matches (`%.outbox%` would match `outbox_parked`).
+const OWN_TABLES: &str = "c.relname LIKE 'outbox\\_parked%' OR c.relname LIKE 'outboxd\\_%'";
+
+/// One table a pattern matches now.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub schema: String,
+    pub table: String,
+    /// The `[[source.tables]]` entry whose pattern matched.
+    pub entry: usize,
+    pub published: bool,
+}
+
+/// The tables the patterns match now, listed ones excepted. Err when a table matches two
+/// patterns (which mapping applies would be a guess).
+pub async fn discover(cfg: &Config, sql: &Client) -> Result<Vec<Found>, RelayError> {
+    let listed: Vec<(String, String)> = cfg.tables().iter().map(OutboxTable::pair).collect();
+    let mut found: BTreeMap<(String, String), Found> = BTreeMap::new();
+    for (entry, p) in cfg.patterns() {
+        let rows = sql
+            .query(
+                &format!(
+                    "SELECT n.nspname::text, c.relname::text, EXISTS (SELECT 1 \
+                     FROM pg_publication_tables t WHERE t.pubname = $3 \
+                       AND t.schemaname = n.nspname AND t.tablename = c.relname) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                   AND n.nspname LIKE $1 AND c.relname LIKE $2 \
+                   AND NOT ({OWN_TABLES}) ORDER BY 1, 2"
+                ),
+                &[&p.schema, &p.table, &cfg.source.publication],
+            )
+            .await?;
+        for r in rows {
+            let key: (String, String) = (r.get(0), r.get(1));
+            if listed.contains(&key) {
+                continue;
+            }
+            if let Some(other) = found.get(&key) {
+                return Err(RelayError::Setup(format!(
+                    "{}.{} matches source.tables[{}].pattern and source.tables[{entry}].pattern \
+                     = \"{p}\": which mapping and topic apply would be a guess. Narrow the \
+                     patterns so that each table matches one, or list the table by name",
+                    key.0, key.1, other.entry
+                )));
+            }
+            found.insert(
+                key.clone(),
+                Found {
+                    schema: key.0,
+                    table: key.1,
+                    entry,
+                    published: r.get(2),
+                },
+            );
+        }
+    }
+    Ok(found.into_values().collect())
+}
+
+/// The configuration a session reads: the listed tables and every table a pattern matches that
+/// is in the publication (added now when this role may). A configuration without patterns is
+/// returned as it is.
+pub async fn resolve(cfg: &Config, sql: &Client) -> Result<Config, RelayError> {
+    if !cfg.has_patterns() {
+        return Ok(cfg.clone());
+    }
+    let found = discover(cfg, sql).await?;
+    if found.iter().any(|f| !f.published) {
+        record_published(cfg, sql, &found).await;
+    }
+    let mut tables = Vec::new();
+    for f in found {
+        let label = format!("{}.{}", f.schema, f.table);
+        if !f.published {
+            if let Err(e) = publication::add_table(cfg, sql, &f.schema, &f.table).await {
+                tracing::warn!(table = %label, publication = %cfg.source.publication, error = %RelayError::from(e), "a table the pattern matches is not in the publication and this role cannot add it: it is not relayed until it is added (outboxd init, or ALTER PUBLICATION … ADD TABLE); its rows wait in the table and are published when it joins");
+                continue;
+            }
+            tracing::info!(table = %label, publication = %cfg.source.publication, "added a table the pattern matches to the publication");
+        }
+        tables.push((f.schema, f.table, f.entry));
+    }
+    let resolved = cfg.with_discovered(&tables);
+    let n = resolved.tables().len();
+    if n > MAX_TABLES {
+        return Err(RelayError::Setup(format!(
+            "the configuration's tables and patterns name {n} tables; at most {MAX_TABLES} go \
+             through one relay (each is a metric label value): narrow the patterns and split \
+             the tables across relays (each with its own slot and publication)"
+        )));
+    }
+    Ok(resolved)
+}
+
+/// Before [`resolve`] adds tables: a state row that records no joined tables yet (written by an
+/// older outboxd) records the ones published now, so that the tables this session adds are
+/// caught up rather than taken for old members. Best effort: without a row (the slot's first
+/// run, whose start publishes nothing already in a table) or a column, [`catch_up`] decides.
+async fn record_published(cfg: &Config, sql: &Client, found: &[Found]) {
+    if !matches!(slot_state::joined(sql, &cfg.source.slot).await, Ok(None)) {
+        return;
+    }
+    let published: Vec<(String, String, usize)> = found
+        .iter()
+        .filter(|f| f.published)
+        .map(|f| (f.schema.clone(), f.table.clone(), f.entry))
+        .collect();
+    let mut oids = Vec::new();
+    for t in cfg.with_discovered(&published).tables() {
+        if let Ok(oid) = oid_of(sql, &t).await {
+            oids.push(oid);
+        }
+    }
+    if let Err(e) = slot_state::add_joined(sql, &cfg.source.slot, &oids).await {
+        tracing::debug!(error = %e, "joined tables not recorded before adding tables");
+    }
+}
+
+/// While a session streams (with every state write): a table a pattern matches that the
+/// session does not read, in the publication already (a Relation message may be far ahead in
+/// the stream, or never come when the table gets no row) or added now when this role may.
+/// `refused`: the tables this session could not add (said once each).
+/// Or a table a pattern matched that no longer exists (a tenant dropped): ended too, rather
+/// than found missing from the publication, which would be taken for a publication change.
+/// Says what changed.
+pub async fn changed(
+    cfg: &Config,
+    sql: &Client,
+    refused: &mut Vec<String>,
+) -> Result<Option<String>, RelayError> {
+    if !cfg.has_patterns() {
+        return Ok(None);
+    }
+    for t in cfg.tables().iter().filter(|t| t.discovered.is_some()) {
+        let gone: bool = sql
+            .query_one(
+                "SELECT NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n \
+                     ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)",
+                &[&t.schema, &t.name],
+            )
+            .await?
+            .get(0);
+        if gone {
+            return Ok(Some(format!("outbox table {} no longer exists", t.label())));
+        }
+    }
+    for f in discover(cfg, sql).await? {
+        let label = format!("{}.{}", f.schema, f.table);
+        if f.published {
+            return Ok(Some(format!("outbox table {label} joined the publication")));
+        }
+        if refused.contains(&label) {
+            continue;
+        }
+        match publication::add_table(cfg, sql, &f.schema, &f.table).await {
+            Ok(()) => return Ok(Some(format!("outbox table {label} joined the publication"))),
+            Err(e) => {
+                tracing::warn!(table = %label, error = %RelayError::from(e), "a table the pattern matches is not in the publication and this role cannot add it: not relayed until it is added (outboxd init, or ALTER PUBLICATION … ADD TABLE)");
+                refused.push(label);
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// For the commands that read the tables (`status`, `check`, `cleanup`, `replay`, `parked`):
+/// the configuration with the tables the patterns match now that are in the publication (what
+/// a session would read), adding none. Unchanged without patterns, or when the catalog cannot
+/// be read (the command then reports the connection itself).
+pub async fn view(cfg: &Config) -> Config {
+    if !cfg.has_patterns() {
+        return cfg.clone();
+    }
+    let found = async {
+        let sql = source::sql_connect(cfg).await?;
+        discover(cfg, &sql).await
+    };
+    match found.await {
+        Ok(found) => {
+            let published: Vec<(String, String, usize)> = found
+                .into_iter()
+                .filter(|f| f.published)
+                .map(|f| (f.schema, f.table, f.entry))
+                .collect();
+            cfg.with_discovered(&published)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the tables the patterns match could not be read");
+            cfg.clone()
+        }
+    }
+}
+
+/// Where [`catch_up`] publishes: the session's stages, producer and acknowledgements.
+pub struct Out<'a> {
+    pub st: &'a mut Stages,
+    pub producer: &'a Producer,
+    pub acks: &'a mut mpsc::UnboundedReceiver<Ack>,
+    pub shutdown: &'a mut watch::Receiver<bool>,
+}
+
+/// [`catch_up`]'s verdict on one table.
+#[derive(Debug, PartialEq, Eq)]
+enum Owed {
+    Nothing,
+    EarlierRows,
+}
+
+/// Steps of the module docs, before the session streams. `Ok(false)`: shutdown was requested
+/// first (what was republished stays owed: the table is not recorded).
+pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool, RelayError> {
+    let slot = cfg.source.slot.clone();
+    let joined = match slot_state::joined(out.st.sql(), &slot).await {
+        Ok(j) => j,
+        // A state table this role could not upgrade: without patterns, today's behaviour.
+        Err(e) if !cfg.has_patterns() => {
+            tracing::debug!(error = %e, "no joined_tables column: late joins not tracked");
+            return Ok(true);
+        }
+        Err(e) => {
+            return Err(RelayError::Setup(format!(
+                "source.tables patterns need outboxd_slot_state.joined_tables ({e}): run \
+                 `outboxd init --config FILE` as the admin role"
+            )))
+        }
+    };
+    let mut oids = Vec::new();
+    for t in cfg.tables() {
+        oids.push((oid_of(out.st.sql(), &t).await?, t));
+    }
+    let Some(joined) = joined else {
+        let all: Vec<u32> = oids.iter().map(|(o, _)| *o).collect();
+        slot_state::add_joined(out.st.sql(), &slot, &all).await?;
+        return Ok(true);
+    };
+    for (oid, t) in oids.into_iter().filter(|(o, _)| !joined.contains(o)) {
+        // Retried (the GRANT can come while the relay waits), not a stop.
+        let owed = owed(cfg, out.st.sql(), oid, &t).await.map_err(|e| {
+            RelayError::Postgres(format!(
+                "reading {}, which joined the publication: {e}. The relay's role reads every \
+                 table it relays (GRANT SELECT ON it; for tables a pattern matches, ALTER \
+                 DEFAULT PRIVILEGES … GRANT SELECT ON TABLES TO the relay's role in the \
+                 tenants' schemas, see docs/operations.md)",
+                t.label()
+            ))
+        })?;
+        if owed == Owed::EarlierRows {
+            tracing::warn!(table = %t.label(), "the table joined the publication after it held rows: republishing every row it holds (duplicates of rows the stream also delivers carry the same event_id)");
+            wait_for_writers(out.st.sql(), oid, &t, out.shutdown).await?;
+            if !republish(cfg, &t, out, lsn).await? {
+                return Ok(false);
+            }
+        } else {
+            tracing::info!(table = %t.label(), "a table joined the publication when it was created: streamed from its first row");
+        }
+        slot_state::add_joined(out.st.sql(), &slot, &[oid]).await?;
+    }
+    Ok(true)
+}
+
+async fn oid_of(sql: &Client, t: &OutboxTable) -> Result<u32, RelayError> {
+    let q = format!(
+        "SELECT '{}'::regclass::oid",
+        format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name)).replace('\'', "''")
+    );
+    Ok(sql.query_one(&q, &[]).await?.get(0))
+}
+
+/// Is anything of `t` missing from the stream? See the module docs ("born in the publication").
+async fn owed(cfg: &Config, sql: &Client, oid: u32, t: &OutboxTable) -> Result<Owed, RelayError> {
+    let row = sql
+        .query_opt(
+            "SELECT p.puballtables, \
+                    COALESCE(ty.xmin, c.xmin)::text = pr.xmin::text, pr.xmin::text, \
+                    pr.cmin::text::bigint \
+             FROM pg_publication p JOIN pg_class c ON c.oid = $2 \
+             LEFT JOIN pg_type ty ON ty.oid = c.reltype \
+             LEFT JOIN pg_publication_rel pr ON pr.prpubid = p.oid AND pr.prrelid = c.oid \
+             WHERE p.pubname = $1",
+            &[&cfg.source.publication, &oid],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Ok(Owed::EarlierRows);
+    };
+    if row.get::<_, bool>(0) {
+        return Ok(Owed::Nothing);
+    }
+    let (Some(true), Some(xid), Some(cmin)) = (
+        row.get::<_, Option<bool>>(1),
+        row.get::<_, Option<String>>(2),
+        row.get::<_, Option<i64>>(3),
+    ) else {
+        return Ok(Owed::EarlierRows);
+    };
+    let q = format!(
+        "SELECT EXISTS (SELECT 1 FROM {}.{} o WHERE o.xmin = '{}'::xid \
+             AND o.cmin::text::bigint < {cmin})",
+        quote_ident(&t.schema),
+        quote_ident(&t.name),
+        xid.replace('\'', "")
+    );
+    let before: bool = sql.query_one(&q, &[]).await?.get(0);
+    Ok(if before {
+        Owed::EarlierRows
+    } else {
+        Owed::Nothing
+    })
+}
+
+/// Waits until every transaction holding more than a read lock on `oid` now has ended.
+async fn wait_for_writers(
+    sql: &Client,
+    oid: u32,
+    t: &OutboxTable,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), RelayError> {
+    let writers: Vec<String> = sql
+        .query(
+            "SELECT DISTINCT virtualtransaction FROM pg_locks WHERE locktype = 'relation' \
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+               AND relation = $1 AND mode <> 'AccessShareLock' \
+               AND pid IS DISTINCT FROM pg_backend_pid()",
+            &[&oid],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let started = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        let left: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = $1 \
+                   AND virtualtransaction = ANY($2)",
+                &[&oid, &writers],
+            )
+            .await?
+            .get(0);
+        if left == 0 {
+            return Ok(());
+        }
+        if said.elapsed() > Duration::from_secs(10) {
+            said = Instant::now();
+            tracing::warn!(table = %t.label(), waiting_s = started.elapsed().as_secs(), "waiting for transactions that wrote the joining table before it joined (pg_locks) to end");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            _ = shutdown.changed() => return Ok(()),
+        }
+    }
+}
+
+/// Every row of `t`, under one snapshot, through the stages (the recovery path).
+async fn republish(
+    cfg: &Config,
+    t: &OutboxTable,
+    out: &mut Out<'_>,
+    lsn: u64,
+) -> Result<bool, RelayError> {
+    // The synthetic transactions' commit time: the delivery mark as it is (the stream may
+    // be behind the join, so nothing newer is proven delivered by this).
+    let mark = slot_state::load(out.st.sql(), &cfg.source.slot)
+        .await?
+        .and_then(|s| s.delivery_mark)
+        .unwrap_or_else(chrono::Utc::now);
+    let reader = source::sql_connect(cfg).await?;
+    TableReader::prepare_session(&reader).await?;
+    reader
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
+    let names = t.columns.resolve()?;
+    let (relation, _) = table_reader::relation_of(t, &reader).await?;
+    let order = crate::slot::recovery::version_order(&names, &reader, &relation).await?;
+    let mut r = TableReader::cursor(t, reader, "TRUE", &order, lsn, mark, "join_produced").await?;
+    let flow = r
+        .publish(
+            cfg,
+            out.st,
+            out.producer,
+            out.acks,
+            out.shutdown,
+            &mut NoHooks,
+        )
+        .await?;
+    if flow == Flow::Shutdown {
+        return Ok(false);
+    }
+    r.client().batch_execute("COMMIT").await?;
+    tracing::warn!(table = %t.label(), events = r.sent(), "republished the rows the table held when it joined the publication: every one is acknowledged by the broker");
+    Ok(true)
+}
+
+/// `init`: the event trigger that adds a new matching (or listed) table to the publication in
+/// the transaction that creates it. One per publication; its function runs as its owner (the
+/// superuser that ran `init`), so tenants' roles need no rights on the publication.
+pub fn joiner_sql(cfg: &Config) -> String {
+    let publication = &cfg.source.publication;
+    let name: String = format!("outboxd_join_{publication}")
+        .chars()
+        .take(63)
+        .collect();
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let mut conds: Vec<String> = cfg
+        .patterns()
+        .iter()
+        .map(|(_, p)| {
+            format!(
+                "(r.nspname LIKE {} AND r.relname LIKE {})",
+                lit(&p.schema),
+                lit(&p.table)
+            )
+        })
+        .collect();
+    conds.extend(
+        cfg.tables()
+            .iter()
+            .filter(|t| t.discovered.is_none())
+            .map(|t| {
+                format!(
+                    "(r.nspname = {} AND r.relname = {})",
+                    lit(&t.schema),
+                    lit(&t.name)
+                )
+            }),
+    );
+    format!(
+        "CREATE OR REPLACE FUNCTION public.{name}() RETURNS event_trigger \
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$ \
+DECLARE r record; \
+BEGIN \
+  FOR r IN SELECT DISTINCT c.oid, n.nspname::text AS nspname, c.relname::text AS relname \
+           FROM pg_event_trigger_ddl_commands() d JOIN pg_class c ON c.oid = d.objid \
+           JOIN pg_namespace n ON n.oid = c.relnamespace \
+           WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p') \
+             AND c.relpersistence = 'p' AND NOT c.relispartition AND NOT ({OWN_TABLES}) LOOP \
+    IF ({conds}) AND NOT EXISTS (SELECT 1 FROM pg_publication_rel pr \
+        JOIN pg_publication p ON p.oid = pr.prpubid \
+        WHERE p.pubname = {pubname} AND pr.prrelid = r.oid) THEN \
+      EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', {pubname}, r.nspname, r.relname); \
+    END IF; \
+  END LOOP; \
+END $fn$; \
+DROP EVENT TRIGGER IF EXISTS {name}; \
+CREATE EVENT TRIGGER {name} ON ddl_command_end \
+  WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') \
+  EXECUTE FUNCTION public.{name}();",
+        conds = conds.join(" OR "),
+        pubname = lit(publication),
+    )
+}
+
+/// `init`: installs [`joiner_sql`] when the role may (a superuser) and there is a pattern, and
+/// adds the matching tables the publication lacks. Says what it did.
+pub async fn install(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayError> {
+    if !cfg.has_patterns() {
+        return Ok(Vec::new());
+    }
+    let mut said = Vec::new();
+    if !publication::exists(cfg, sql).await? {
+        // Only patterns and no table yet: the tables join it as they come.
+        sql.batch_execute(&format!(
+            "CREATE PUBLICATION {} WITH (publish = 'insert')",
+            quote_ident(&cfg.source.publication)
+        ))
+        .await?;
+        said.push(format!(
+            "publication {} created (empty)",
+            cfg.source.publication
+        ));
+    }
+    if publication::superuser(sql).await? {
+        let ddl = crate::schema::qualified(&joiner_sql(cfg), &crate::schema::current(sql).await?);
+        sql.batch_execute(&ddl).await?;
+        said.push(format!(
+            "event trigger outboxd_join_{} installed: a new table the patterns match joins \
+             publication {} in the transaction that creates it",
+            cfg.source.publication, cfg.source.publication
+        ));
+    } else {
+        said.push(
+            "event trigger outboxd_join_… NOT installed (CREATE EVENT TRIGGER needs a \
+             superuser): new tables the patterns match join when `outboxd init` runs again or \
+             a relay that may add them starts a session; their earlier rows are then \
+             republished"
+                .into(),
+        );
+    }
+    for f in discover(cfg, sql)
+        .await?
+        .into_iter()
+        .filter(|f| !f.published)
+    {
+        publication::add_table(cfg, sql, &f.schema, &f.table).await?;
+        said.push(format!(
+            "publication {} extended with {}.{} (pattern): the relay republishes the rows it \
+             held before",
+            cfg.source.publication, f.schema, f.table
+        ));
+    }
+    Ok(said)
+}
