@@ -125,7 +125,6 @@ async fn relation_changes_mid_stream() -> anyhow::Result<()> {
     // A required column disappears: the relay stops, naming it, and confirms nothing past it.
     c.batch_execute("ALTER TABLE outbox RENAME COLUMN aggregate_id TO agg")
         .await?;
-    let before = env.current_lsn().await?;
     c.execute(
         "INSERT INTO outbox (event_id, aggregate_type, agg, aggregate_version, event_type, payload) \
          VALUES ($1, 'item', 'i-1', 3, 'ItemChanged', '{}')",
@@ -141,10 +140,27 @@ async fn relation_changes_mid_stream() -> anyhow::Result<()> {
         "{msg}"
     );
     assert!(!err.is_transient());
+    // Nothing past the unreadable row was confirmed: a relay mapping the renamed column
+    // delivers it. (The slot may have confirmed a position inside that row's transaction — a
+    // heartbeat or keepalive decoded before its commit — from where the transaction is still
+    // streamed whole, so a bound on the LSN would be too strict.)
+    let renamed = outboxd::Config::from_toml_and_env(
+        &format!("{}\n[source.columns]\naggregate_id = \"agg\"\n", env.toml()),
+        Vec::<(String, String)>::new(),
+    )?;
+    let relay = Relay::start(renamed);
+    let recs = read_topic(
+        &env.bootstrap(),
+        "outbox.event.item",
+        3,
+        Duration::from_secs(30),
+    )?;
+    let versions: Vec<&str> = recs.iter().map(|r| r.header("aggregate_version")).collect();
     assert!(
-        env.confirmed_lsn().await? <= before,
-        "confirmed past the unreadable row"
+        versions.contains(&"3"),
+        "confirmed past the unreadable row: {versions:?}"
     );
+    relay.shutdown().await?;
     Ok(())
 }
 
