@@ -88,26 +88,83 @@ pub fn spawn(cmd: &mut Command, log: &Path) -> Result<u32> {
 /// plain text (the bare reader's terms; TLS is measured as a variant, see `--ssl`). The broker
 /// is `sink`'s, over TLS with the bench's CA when it takes TLS.
 pub fn outboxd_toml(w: &World, sink: &Sink, slot: &str, topic: &str, status_ms: u64) -> String {
+    relay_toml(w, sink, &RelaySource::bench(slot), topic, status_ms)
+}
+
+/// What a relay reads: its slot, its publication and its tables (none: `public.outbox`, the
+/// default; one: `source.table`; more: `[[source.tables]]`).
+#[derive(Debug, Clone)]
+pub struct RelaySource {
+    pub slot: String,
+    pub publication: String,
+    pub tables: Vec<String>,
+    /// Each listed table's topic template (`[[source.tables]] topic`), with several tables.
+    pub topics: Vec<String>,
+    /// `create_slot = false`: the bench (or `outboxd init`) made the slot.
+    pub slot_exists: bool,
+}
+
+impl RelaySource {
+    /// The throughput and latency runs' relay: `public.outbox` through the bench's publication,
+    /// on a slot the bench created.
+    pub fn bench(slot: &str) -> Self {
+        Self {
+            slot: slot.to_string(),
+            publication: PUBLICATION.to_string(),
+            tables: vec![],
+            topics: vec![],
+            slot_exists: true,
+        }
+    }
+}
+
+/// [`outboxd_toml`] for any slot, publication and tables.
+pub fn relay_toml(
+    w: &World,
+    sink: &Sink,
+    src: &RelaySource,
+    topic: &str,
+    status_ms: u64,
+) -> String {
     let tls = sink.tls_ca.as_ref().map_or(String::new(), |ca| {
         format!(
             "\"security.protocol\" = \"SSL\"\n\"ssl.ca.location\" = \"{}\"\n",
             ca.display()
         )
     });
+    let (table, list) = match src.tables.as_slice() {
+        [] => (String::new(), String::new()),
+        [t] => (format!("table = \"{t}\"\n"), String::new()),
+        ts => (
+            String::new(),
+            ts.iter()
+                .enumerate()
+                .map(|(i, t)| match src.topics.get(i) {
+                    Some(topic) => {
+                        format!("[[source.tables]]\nname = \"{t}\"\ntopic = \"{topic}\"\n")
+                    }
+                    None => format!("[[source.tables]]\nname = \"{t}\"\n"),
+                })
+                .collect(),
+        ),
+    };
     format!(
         r#"[source]
 dsn = "{dsn}"
 slot = "{slot}"
-publication = "{PUBLICATION}"
-create_slot = false
+publication = "{publication}"
+{table}create_slot = {create}
 status_interval_ms = {status_ms}
 sslmode = "disable"
-[sink]
+{list}[sink]
 topic = "{topic}"
 [sink.kafka]
 "bootstrap.servers" = "{bootstrap}"
 {tls}"#,
         dsn = w.dsn(),
+        slot = src.slot,
+        publication = src.publication,
+        create = !src.slot_exists,
         bootstrap = sink.bootstrap,
     )
 }

@@ -89,6 +89,20 @@ pub async fn open_loop(
     shape: Shape,
     writers: usize,
 ) -> Result<Written> {
+    open_loop_into(w, &[table.to_string()], rate, secs, shape, writers).await
+}
+
+/// [`open_loop`] spread over `tables`: transaction j goes to `tables[j mod len]`, whichever
+/// writer commits it.
+pub async fn open_loop_into(
+    w: &mut World,
+    tables: &[String],
+    rate: Option<f64>,
+    secs: f64,
+    shape: Shape,
+    writers: usize,
+) -> Result<Written> {
+    let table = crate::world::regclass_array(tables);
     let tx = shape.tx_size.max(1) as i64;
     let writers = writers.max(1);
     let (total_tx, interval, deadline) = match rate {
@@ -111,7 +125,7 @@ pub async fn open_loop(
     for lane in 0..writers {
         let c = w.sql().await?;
         let call = format!(
-            "CALL bench_paced('{table}', {first}, {total_tx}, {tx}, {aggs}, {pad}, {t0:.6}, \
+            "CALL bench_paced({table}, {first}, {total_tx}, {tx}, {aggs}, {pad}, {t0:.6}, \
              {interval:.9}, {writers}, {lane}, {deadline:.6})",
             aggs = shape.aggregates.max(1),
             pad = shape.pad(),

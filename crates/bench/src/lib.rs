@@ -20,6 +20,8 @@
 //! - [`verify`]: read-back of every event after the clock stopped.
 //! - [`procstat`]: CPU and RSS from /proc and wait4.
 //! - [`report`], [`chart`]: Markdown/JSON results and the SVG chart.
+//! - [`tables`]: `outboxd-bench tables`, many outbox tables through one relay against one
+//!   relay per table (issue 30); `tables/fleet.rs`: the relays of one arrangement.
 
 pub mod bare;
 pub mod bench;
@@ -34,5 +36,6 @@ pub mod procstat;
 pub mod report;
 pub mod report_latency;
 pub mod scrape;
+pub mod tables;
 pub mod verify;
 pub mod world;

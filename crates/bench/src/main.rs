@@ -1,8 +1,10 @@
-//! `outboxd-bench run` — the whole benchmark in one invocation (see docs/benchmarks.md).
+//! `outboxd-bench run` — the whole benchmark in one invocation (see docs/benchmarks.md);
+//! `outboxd-bench tables` — many outbox tables through one relay against one relay per table.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use outboxd_bench::{bare, bench, chart, poll};
+use outboxd_bench::{bare, bench, chart, poll, tables};
+use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -18,14 +20,16 @@ struct Cli {
 enum Cmd {
     /// Start Postgres and a broker, run every contestant, print the report.
     Run(Box<bench::Opts>),
+    /// Many outbox tables through one relay against one relay per table (issue 30).
+    Tables(Box<tables::Opts>),
     /// Re-render the Markdown and the chart of an earlier run from its JSON report.
     Render {
         #[arg(long)]
-        json: std::path::PathBuf,
+        json: PathBuf,
         #[arg(long)]
-        markdown: Option<std::path::PathBuf>,
+        markdown: Option<PathBuf>,
         #[arg(long)]
-        chart: Option<std::path::PathBuf>,
+        chart: Option<PathBuf>,
     },
     /// (internal) The bare replication reader used as a ceiling.
     #[command(hide = true)]
@@ -60,37 +64,53 @@ fn main() -> anyhow::Result<()> {
                 let report: outboxd_bench::report::Report = serde_json::from_slice(
                     &std::fs::read(&json).with_context(|| json.display().to_string())?,
                 )?;
-                let md = report.markdown();
-                println!("{md}");
-                if let Some(p) = markdown {
-                    std::fs::write(&p, &md).with_context(|| p.display().to_string())?;
-                }
-                if let Some(p) = chart_path {
-                    std::fs::write(&p, chart::latency_svg(&report))
-                        .with_context(|| p.display().to_string())?;
-                }
-                Ok(())
+                let svg = chart_path.map(|p| (p, chart::latency_svg(&report)));
+                write_out(&report.markdown(), markdown, None, svg)
+            }
+            Cmd::Tables(o) => {
+                let (json_path, md_path) = (o.json.clone(), o.markdown.clone());
+                let report = tables::run(*o, command_line()).await?;
+                let json = json_of(json_path, &report)?;
+                write_out(&report.markdown(), md_path, json, None)
             }
             Cmd::Run(o) => {
-                let command = std::env::args().collect::<Vec<_>>().join(" ");
                 let (chart_path, json_path, md_path) =
                     (o.chart.clone(), o.json.clone(), o.markdown.clone());
-                let report = bench::run(*o, command).await?;
-                let md = report.markdown();
-                println!("{md}");
-                if let Some(p) = md_path {
-                    std::fs::write(&p, &md).with_context(|| p.display().to_string())?;
-                }
-                if let Some(p) = json_path {
-                    std::fs::write(&p, serde_json::to_string_pretty(&report)?)
-                        .with_context(|| p.display().to_string())?;
-                }
-                if let Some(p) = chart_path {
-                    std::fs::write(&p, chart::latency_svg(&report))
-                        .with_context(|| p.display().to_string())?;
-                }
-                Ok(())
+                let report = bench::run(*o, command_line()).await?;
+                let json = json_of(json_path, &report)?;
+                let svg = chart_path.map(|p| (p, chart::latency_svg(&report)));
+                write_out(&report.markdown(), md_path, json, svg)
             }
         }
     })
+}
+
+/// The report as pretty JSON, when a path asks for it.
+fn json_of(
+    path: Option<PathBuf>,
+    report: &impl serde::Serialize,
+) -> anyhow::Result<Option<(PathBuf, String)>> {
+    Ok(match path {
+        Some(p) => Some((p, serde_json::to_string_pretty(report)?)),
+        None => None,
+    })
+}
+
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// Prints the Markdown and writes it, the JSON and the chart where asked.
+fn write_out(
+    md: &str,
+    md_path: Option<PathBuf>,
+    json: Option<(PathBuf, String)>,
+    svg: Option<(PathBuf, String)>,
+) -> anyhow::Result<()> {
+    println!("{md}");
+    let files = md_path.map(|p| (p, md.to_string())).into_iter();
+    for (p, text) in files.chain(json).chain(svg) {
+        std::fs::write(&p, text).with_context(|| p.display().to_string())?;
+    }
+    Ok(())
 }

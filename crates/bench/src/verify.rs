@@ -2,7 +2,7 @@
 //! aggregate's events must appear in version (= commit) order within its partition.
 
 use anyhow::{bail, Result};
-use outboxd_testkit::kafka::{assign_all, StartAt};
+use outboxd_testkit::kafka::{assign_all_of, StartAt};
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::{Headers, Message};
 use rdkafka::ClientConfig;
@@ -35,6 +35,19 @@ pub fn verify_topic(
     n: u64,
     timeout: Duration,
 ) -> Result<Verified> {
+    verify_topics(bootstrap, &[topic], first, n, timeout)
+}
+
+/// [`verify_topic`] over several topics that together hold versions `first..first+n` (each
+/// table's own topics); a failure names the missing versions.
+pub fn verify_topics(
+    bootstrap: &str,
+    topics: &[&str],
+    first: i64,
+    n: u64,
+    timeout: Duration,
+) -> Result<Verified> {
+    let topic = topics.join(", ");
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", format!("bench-verify-{}", std::process::id()))
@@ -42,7 +55,7 @@ pub fn verify_topic(
         .set("enable.partition.eof", "false")
         .create()?;
     let deadline = Instant::now() + timeout;
-    if assign_all(&consumer, topic, StartAt::Beginning, timeout)? == 0 {
+    if assign_all_of(&consumer, topics, StartAt::Beginning, timeout)? == 0 {
         bail!("topic {topic} has no partitions");
     }
     let mut seen = vec![false; n as usize];
@@ -78,5 +91,27 @@ pub fn verify_topic(
         }
         *prev = version.max(*prev);
     }
+    if v.distinct < n {
+        eprintln!(
+            "{topic}: {} of {n} versions missing, first ranges {:?}",
+            n - v.distinct,
+            missing_ranges(&seen, first)
+        );
+    }
     Ok(v)
+}
+
+/// Up to 10 ranges `a..=b` of versions never seen (what a failed verification reports).
+fn missing_ranges(seen: &[bool], first: i64) -> Vec<(i64, i64)> {
+    let mut out: Vec<(i64, i64)> = vec![];
+    for (i, _) in seen.iter().enumerate().filter(|(_, s)| !**s) {
+        let v = first + i as i64;
+        let full = out.len() == 10;
+        match out.last_mut() {
+            Some(r) if r.1 + 1 == v => r.1 = v,
+            _ if full => break,
+            _ => out.push((v, v)),
+        }
+    }
+    out
 }

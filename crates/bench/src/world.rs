@@ -45,33 +45,46 @@ CREATE TABLE IF NOT EXISTS outbox_poll (
 CREATE INDEX IF NOT EXISTS outbox_poll_unsent ON outbox_poll (id) WHERE sent_at IS NULL;
 "#;
 
-/// Loads `n` events into `tbl`, `tx` rows per committed transaction, entirely inside the server
-/// (a procedure may COMMIT between statements). Versions are `first..first+n`, unique across
-/// the whole bench so every event can be told apart on the topics.
+/// Loads `n` events into `tbls`, `tx` rows per committed transaction, entirely inside the server
+/// (a procedure may COMMIT between statements). Transaction j goes to `tbls[j mod len]`: one
+/// table, or a load spread evenly over several (the many-tables bench). Versions are
+/// `first..first+n`, unique across the whole bench so every event can be told apart on the
+/// topics. With several tables each table's aggregate ids carry its own prefix (`t2.agg-7`):
+/// per-aggregate order holds within a table, so an aggregate must not span tables.
 const LOAD_SQL: &str = r#"
-CREATE OR REPLACE PROCEDURE bench_load(tbl regclass, first bigint, n bigint, tx int, aggs int, pad int)
+CREATE OR REPLACE FUNCTION bench_insert_sql(tbls regclass[]) RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT array_agg(format(
+        'INSERT INTO %s (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, created_at) '
+        'SELECT gen_random_uuid(), ''bench'', %L || (g %% $3), g, ''BenchEvent'', '
+        'jsonb_build_object(''v'', g, ''pad'', repeat(''x'', $4)), clock_timestamp() '
+        'FROM generate_series($1, $2) g',
+        t, CASE WHEN cardinality(tbls) > 1 THEN 't' || k || '.agg-' ELSE 'agg-' END) ORDER BY k)
+    FROM unnest(tbls) WITH ORDINALITY AS u(t, k)
+$$;
+
+CREATE OR REPLACE PROCEDURE bench_load(tbls regclass[], first bigint, n bigint, tx int, aggs int, pad int)
 LANGUAGE plpgsql AS $$
 DECLARE
     i bigint := 0;
-    q text := format(
-        'INSERT INTO %s (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, created_at) '
-        'SELECT gen_random_uuid(), ''bench'', ''agg-'' || (g %% $3), g, ''BenchEvent'', '
-        'jsonb_build_object(''v'', g, ''pad'', repeat(''x'', $4)), clock_timestamp() '
-        'FROM generate_series($1, $2) g', tbl);
+    j bigint := 0;
+    qs text[] := bench_insert_sql(tbls);
 BEGIN
     WHILE i < n LOOP
-        EXECUTE q USING first + i, first + least(i + tx, n) - 1, aggs, pad;
+        EXECUTE qs[1 + j % cardinality(qs)] USING first + i, first + least(i + tx, n) - 1, aggs, pad;
         i := i + tx;
+        j := j + 1;
         COMMIT;
     END LOOP;
 END $$;
 
 -- One open-loop writer lane: commits transactions lane, lane+stride, … of ntx, transaction j
--- due at t0 + j·interval (unix seconds; interval 0: back to back), until `deadline`. Each
--- commit's start time and a WAL position at or after its end go to the session's temp table
--- bench_commits. Pacing and inserting in the server keep the load generator's own cost to
--- the inserts (a client round trip per transaction cost ~40% more CPU per row here).
-CREATE OR REPLACE PROCEDURE bench_paced(tbl regclass, first bigint, ntx bigint, tx int, aggs int,
+-- due at t0 + j·interval (unix seconds; interval 0: back to back) into tbls[j mod len], until
+-- `deadline`. Each commit's start time and a WAL position at or after its end go to the
+-- session's temp table bench_commits. Pacing and inserting in the server keep the load
+-- generator's own cost to the inserts (a client round trip per transaction cost ~40% more CPU
+-- per row here).
+CREATE OR REPLACE PROCEDURE bench_paced(tbls regclass[], first bigint, ntx bigint, tx int, aggs int,
     pad int, t0 float8, interval_s float8, stride int, lane int, deadline float8)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -79,11 +92,7 @@ DECLARE
     a bigint;
     wait float8;
     sent timestamptz;
-    q text := format(
-        'INSERT INTO %s (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, created_at) '
-        'SELECT gen_random_uuid(), ''bench'', ''agg-'' || (g %% $3), g, ''BenchEvent'', '
-        'jsonb_build_object(''v'', g, ''pad'', repeat(''x'', $4)), clock_timestamp() '
-        'FROM generate_series($1, $2) g', tbl);
+    qs text[] := bench_insert_sql(tbls);
 BEGIN
     WHILE j < ntx AND extract(epoch FROM clock_timestamp()) < deadline LOOP
         IF interval_s > 0 THEN
@@ -94,7 +103,7 @@ BEGIN
         END IF;
         a := first + j * tx;
         sent := clock_timestamp();
-        EXECUTE q USING a, a + tx - 1, aggs, pad;
+        EXECUTE qs[1 + j % cardinality(qs)] USING a, a + tx - 1, aggs, pad;
         COMMIT;
         -- Temp tables write no WAL and are not decoded: this row is invisible to every reader.
         INSERT INTO bench_commits VALUES (sent, pg_current_wal_insert_lsn(), tx);
@@ -117,6 +126,30 @@ impl Shape {
     /// (`{"v": 123456, "pad": "…"}` adds about 25 bytes).
     pub fn pad(&self) -> usize {
         self.payload_bytes.saturating_sub(25)
+    }
+}
+
+/// The rows and topics of every bench (`run` and `tables`): shared options.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RowOpts {
+    /// Approximate payload (jsonb text) bytes per event.
+    #[arg(long, default_value_t = 100)]
+    pub payload_bytes: usize,
+    /// Distinct aggregate ids (Kafka keys); per table with several tables.
+    #[arg(long, default_value_t = 1000)]
+    pub aggregates: usize,
+    /// Partitions of every topic.
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
+}
+
+impl RowOpts {
+    pub fn shape(&self, tx_size: usize) -> Shape {
+        Shape {
+            tx_size,
+            payload_bytes: self.payload_bytes,
+            aggregates: self.aggregates,
+        }
     }
 }
 
@@ -258,10 +291,21 @@ impl World {
     /// Loads `n` events into `table` (server-side); returns the first version and the WAL
     /// insert position right after the last commit.
     pub async fn load(&mut self, table: &str, n: usize, shape: Shape) -> Result<(i64, u64)> {
+        self.load_into(&[table.to_string()], n, shape).await
+    }
+
+    /// [`World::load`] spread over `tables`, transaction by transaction in turn.
+    pub async fn load_into(
+        &mut self,
+        tables: &[String],
+        n: usize,
+        shape: Shape,
+    ) -> Result<(i64, u64)> {
         let first = self.take_versions(n);
         let c = self.sql().await?;
+        let table = regclass_array(tables);
         c.batch_execute(&format!(
-            "CALL bench_load('{table}', {first}, {n}, {}, {}, {})",
+            "CALL bench_load({table}, {first}, {n}, {}, {}, {})",
             shape.tx_size.max(1),
             shape.aggregates.max(1),
             shape.pad()
@@ -330,6 +374,12 @@ impl World {
 }
 
 pub use outboxd_testkit::kafka::create_topics as create_topics_at;
+
+/// `ARRAY['a', 'b']::regclass[]`: the table list the loaders take (names the bench chose).
+pub fn regclass_array(tables: &[String]) -> String {
+    let items: Vec<String> = tables.iter().map(|t| format!("'{t}'")).collect();
+    format!("ARRAY[{}]::regclass[]", items.join(", "))
+}
 
 /// WAL insert position (≥ the end of every commit that already returned).
 pub async fn current_lsn(c: &tokio_postgres::Client) -> Result<u64> {

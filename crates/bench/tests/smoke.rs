@@ -1,23 +1,19 @@
-//! The benchmark harness in smoke mode (2,000 events, one run, short latency points) so it
-//! cannot rot: it must complete and verify every event it produced. No timing is asserted.
+//! The benchmark harness in smoke mode (2,000 events, one run, short latency points; the
+//! many-tables bench at a few hundred events) so it cannot rot: it must complete and verify
+//! every event it produced. No timing is asserted.
 
+use std::path::Path;
 use std::process::Command;
 
-#[test]
-fn bench_smoke_completes_and_verifies_every_event() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
-    let chart = dir.path().join("latency.svg");
+/// Runs `outboxd-bench ARGS --relay-bin … --json JSON` (the test's own relay binary), fails
+/// the test when it fails; returns the JSON report and what it printed.
+fn bench(args: &[&str], json: &Path) -> (serde_json::Value, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_outboxd-bench"))
-        .args(["run", "--smoke"])
-        // TLS too: the bare reader over TLS and outboxd over TLS as the variant.
-        .args(["--ssl", "--variant-env", "OUTBOXD_SOURCE_SSLMODE=require"])
+        .args(args)
         .arg("--relay-bin")
         .arg(env!("CARGO_BIN_EXE_outboxd-bench-relay"))
         .arg("--json")
-        .arg(&json)
-        .arg("--chart")
-        .arg(&chart)
+        .arg(json)
         .output()
         .expect("run outboxd-bench");
     assert!(
@@ -26,7 +22,29 @@ fn bench_smoke_completes_and_verifies_every_event() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let r = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    (r, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn bench_smoke_completes_and_verifies_every_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let chart = dir.path().join("latency.svg");
+    let chart_arg = chart.to_str().unwrap();
+    let (r, _) = bench(
+        &[
+            "run",
+            "--smoke",
+            // TLS too: the bare reader over TLS and outboxd over TLS as the variant.
+            "--ssl",
+            "--variant-env",
+            "OUTBOXD_SOURCE_SSLMODE=require",
+            "--chart",
+            chart_arg,
+        ],
+        &json,
+    );
     let runs = r["scenarios"][0]["runs"].as_array().unwrap();
     // Outboxd through the Kafka hop too: plain and TLS proxy (what TLS to Kafka costs).
     for who in [
@@ -109,4 +127,64 @@ fn bench_smoke_completes_and_verifies_every_event() {
         String::from_utf8_lossy(&st.stderr)
     );
     assert!(std::fs::read_to_string(&md).unwrap().contains("Targets"));
+}
+
+/// `outboxd-bench tables` at a few hundred events: one relay over N tables and N one-table
+/// relays (N = 1, 2) drain the same backlog and a short live load; every event arrives and the
+/// report carries every figure of docs/benchmarks.md's many-tables section.
+#[test]
+fn tables_smoke_delivers_every_event_and_reports_each_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("tables.json");
+    let (r, md) = bench(
+        &[
+            "tables",
+            "--counts",
+            "1,2",
+            "--events",
+            "400",
+            "--runs",
+            "1",
+            "--live-rate",
+            "2000",
+            "--live-secs",
+            "0.5",
+        ],
+        &json,
+    );
+    for phase in ["backlog", "live"] {
+        let runs = r[phase].as_array().unwrap();
+        assert_eq!(runs.len(), 4, "{phase}: N = 1, 2 × two arrangements");
+        for n in [1, 2] {
+            for (mode, relays) in [("OneRelay", 1), ("RelayPerTable", n)] {
+                let run = runs
+                    .iter()
+                    .find(|x| x["tables"] == n && x["mode"] == mode)
+                    .unwrap_or_else(|| panic!("{phase}: no N={n} {mode} run"));
+                assert_eq!(run["relays"], relays, "{run}");
+                let v = &run["verified"];
+                assert_eq!(v["distinct"], v["expected"], "{phase} N={n} {mode}: {v}");
+                assert!(run["rate"].as_f64().unwrap() > 0.0, "{run}");
+                for k in ["walsender_cpu_s", "relay_cpu_s"] {
+                    assert!(run[k].as_f64().is_some(), "{k}: {run}");
+                }
+                for k in ["behind_max", "behind_end", "pinned_max", "pinned_end"] {
+                    assert!(run["wal"][k].as_u64().is_some(), "{k}: {run}");
+                }
+                assert!(run["wal"]["behind_max"].as_u64().unwrap() > 0, "{run}");
+                assert!(run["peak_rss_kib"].as_u64().unwrap() > 0, "{run}");
+            }
+        }
+        // Two slots hold the same WAL twice.
+        let behind = |mode: &str| {
+            runs.iter()
+                .find(|x| x["tables"] == 2 && x["mode"] == mode)
+                .unwrap()["wal"]["behind_max"]
+                .as_u64()
+                .unwrap()
+        };
+        assert!(behind("RelayPerTable") > behind("OneRelay"), "{phase}");
+    }
+    assert!(r["live"][0]["writer_cpu_s"].as_f64().is_some());
+    assert!(md.contains("N relays / one relay"), "{md}");
 }

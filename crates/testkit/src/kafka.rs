@@ -67,27 +67,41 @@ pub fn assign_all(
     start: StartAt,
     wait: Duration,
 ) -> Result<usize> {
-    let partitions = partition_count(consumer, topic, wait)?;
-    if partitions == 0 {
-        return Ok(0);
-    }
+    assign_all_of(consumer, &[topic], start, wait)
+}
+
+/// [`assign_all`] over several topics at once (one assignment replaces another, so a reader of
+/// several topics needs them in one): 0 and nothing assigned when any of them lists no
+/// partitions within `wait`.
+pub fn assign_all_of(
+    consumer: &BaseConsumer,
+    topics: &[&str],
+    start: StartAt,
+    wait: Duration,
+) -> Result<usize> {
     let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions as i32 {
-        let offset = match start {
-            StartAt::Beginning => Offset::Beginning,
-            StartAt::End => {
-                let (_, high) = consumer
-                    .fetch_watermarks(topic, p, REQUEST_TIMEOUT)
-                    .with_context(|| format!("watermarks of {topic}/{p}"))?;
-                Offset::Offset(high)
-            }
-        };
-        tpl.add_partition_offset(topic, p, offset)?;
+    for topic in topics {
+        let partitions = partition_count(consumer, topic, wait)?;
+        if partitions == 0 {
+            return Ok(0);
+        }
+        for p in 0..partitions as i32 {
+            let offset = match start {
+                StartAt::Beginning => Offset::Beginning,
+                StartAt::End => {
+                    let (_, high) = consumer
+                        .fetch_watermarks(topic, p, REQUEST_TIMEOUT)
+                        .with_context(|| format!("watermarks of {topic}/{p}"))?;
+                    Offset::Offset(high)
+                }
+            };
+            tpl.add_partition_offset(topic, p, offset)?;
+        }
     }
     consumer
         .assign(&tpl)
-        .with_context(|| format!("assign the partitions of {topic}"))?;
-    Ok(partitions)
+        .with_context(|| format!("assign the partitions of {}", topics.join(", ")))?;
+    Ok(tpl.count())
 }
 
 /// Partitions of `topic` per the broker's metadata, waiting up to `wait` for some; see

@@ -26,7 +26,7 @@ pub async fn cleanup_points(
          SELECT gen_random_uuid(), 'history', 'h-' || (g % 1000), g, 'Old', \
                 jsonb_build_object('pad', repeat('x', $2)), now() - interval '2 days' \
          FROM generate_series(1, $1::bigint) g",
-        &[&rows, &(o.payload_bytes as i32)],
+        &[&rows, &(o.rows.payload_bytes as i32)],
     )
     .await?;
     sql.batch_execute("VACUUM ANALYZE outbox").await?;

@@ -26,7 +26,7 @@ pub async fn latency_phase(
     consumer_at: &[Load],
 ) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
     let (mut points, mut with_consumer) = (vec![], vec![]);
-    w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.partitions)
+    w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.rows.partitions)
         .await?;
     let mut relays = vec![Contestant::Outboxd];
     if o.has_variant() {
@@ -203,7 +203,12 @@ pub(super) async fn start_relay(
     let topic = format!("{}.lat{r}.{AGG_TYPE}", kind.tag());
     let sink = w.sink(kind)?;
     w.create_slot(&slot).await?;
-    world::create_topics_at(&sink.bootstrap, std::slice::from_ref(&topic), o.partitions).await?;
+    world::create_topics_at(
+        &sink.bootstrap,
+        std::slice::from_ref(&topic),
+        o.rows.partitions,
+    )
+    .await?;
     let sql = w.sql().await?;
     let log_path = w.dir.path().join(format!("{slot}.log"));
     let tpl = format!("{}.lat{r}.{{aggregate_type}}", kind.tag());

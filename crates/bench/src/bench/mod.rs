@@ -10,7 +10,7 @@ use crate::latency;
 use crate::report::kafka_tls::KafkaTlsReport;
 use crate::report::{LiveCpu, Report, Scenario, WriteCapacity};
 use crate::verify::verify_topic;
-use crate::world::{self, Shape, World, AGG_TYPE};
+use crate::world::{self, RowOpts, Shape, World, AGG_TYPE};
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -24,18 +24,11 @@ pub struct Opts {
     /// Transaction sizes of the throughput phase; the first is also the latency phase's.
     #[arg(long, value_delimiter = ',', default_value = "10,1")]
     pub tx_sizes: Vec<usize>,
-    /// Approximate payload (jsonb text) bytes per event.
-    #[arg(long, default_value_t = 100)]
-    pub payload_bytes: usize,
-    /// Distinct aggregate ids (Kafka keys).
-    #[arg(long, default_value_t = 1000)]
-    pub aggregates: usize,
+    #[command(flatten)]
+    pub rows: RowOpts,
     /// Timed runs per contestant and transaction size; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// Partitions of every topic.
-    #[arg(long, default_value_t = 3)]
-    pub partitions: i32,
     /// Events per polling run (default: --events).
     #[arg(long)]
     pub poll_events: Option<u64>,
@@ -159,15 +152,11 @@ impl Opts {
     }
 
     pub(crate) fn shape(&self, tx_size: usize) -> Shape {
-        Shape {
-            tx_size,
-            payload_bytes: self.payload_bytes,
-            aggregates: self.aggregates,
-        }
+        self.rows.shape(tx_size)
     }
 }
 
-fn sibling(name: &str) -> Result<PathBuf> {
+pub(crate) fn sibling(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let p = exe.parent().context("exe dir")?.join(name);
     if !p.exists() {
@@ -235,9 +224,9 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
             .map(|(k, v)| format!("{k}={v}"))
             .chain(["fsync=off", "full_page_writes=off", "wal_level=logical"].map(String::from))
             .collect(),
-        payload_bytes: o.payload_bytes,
-        aggregates: o.aggregates,
-        partitions: o.partitions,
+        payload_bytes: o.rows.payload_bytes,
+        aggregates: o.rows.aggregates,
+        partitions: o.rows.partitions,
         status_ms: o.status_ms,
         scenarios: vec![],
         latency_tx_size: o.tx_sizes[0],
@@ -340,10 +329,10 @@ async fn throughput(w: &mut World, o: &Opts, cfg: &RunCfg, tx: usize) -> Result<
         topics.push(topic(Contestant::OutboxdVariant, r));
         topics.push(topic(Contestant::Polling, r));
     }
-    w.create_topics(&topics, o.partitions).await?;
+    w.create_topics(&topics, o.rows.partitions).await?;
     for &k in kinds.iter().filter(|k| k.hop().is_some()) {
         let names: Vec<String> = (1..=o.runs).map(|r| topic(k, r)).collect();
-        world::create_topics_at(&w.sink(k)?.bootstrap, &names, o.partitions).await?;
+        world::create_topics_at(&w.sink(k)?.bootstrap, &names, o.rows.partitions).await?;
     }
     // Warm-up rows first: every reader streams them, then pauses until the timed rows exist.
     let (warm_first, warm_lsn) = w.load("outbox", WARM_ROWS, o.shape(tx)).await?;
@@ -454,7 +443,7 @@ fn run_order(kinds: &[Contestant], r: usize) -> Vec<Contestant> {
 }
 
 /// Rows every slot reader streams (and then pauses) before the timed rows are loaded.
-const WARM_ROWS: usize = 1_000;
+pub(crate) const WARM_ROWS: usize = 1_000;
 
 /// The most outbox rows this machine commits with no relay, no slot reader and no broker
 /// at work: the same writers as the latency phase, back to back. No relay can be shown a live
@@ -494,7 +483,7 @@ async fn big_txn(w: &mut World, o: &Opts, cfg: &RunCfg) -> Result<Vec<RunResult>
     }
     let topics = [Contestant::Outboxd, Contestant::OutboxdVariant]
         .map(|k| format!("{}.big.{AGG_TYPE}", k.tag()));
-    w.create_topics(&topics, o.partitions).await?;
+    w.create_topics(&topics, o.rows.partitions).await?;
     let (warm_first, warm_lsn) = w.load("outbox", WARM_ROWS, o.shape(100)).await?;
     let mut paused = std::collections::VecDeque::new();
     for &k in &kinds {
