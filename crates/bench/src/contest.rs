@@ -102,6 +102,8 @@ pub struct RelaySource {
     pub topics: Vec<String>,
     /// `create_slot = false`: the bench (or `outboxd init`) made the slot.
     pub slot_exists: bool,
+    /// `source.replication_dsn`: the slot and the stream on this standby (None: on `dsn`).
+    pub replication_dsn: Option<String>,
 }
 
 impl RelaySource {
@@ -114,6 +116,7 @@ impl RelaySource {
             tables: vec![],
             topics: vec![],
             slot_exists: true,
+            replication_dsn: None,
         }
     }
 }
@@ -148,10 +151,14 @@ pub fn relay_toml(
                 .collect(),
         ),
     };
+    let replication = src
+        .replication_dsn
+        .as_ref()
+        .map_or(String::new(), |d| format!("replication_dsn = \"{d}\"\n"));
     format!(
         r#"[source]
 dsn = "{dsn}"
-slot = "{slot}"
+{replication}slot = "{slot}"
 publication = "{publication}"
 {table}create_slot = {create}
 status_interval_ms = {status_ms}

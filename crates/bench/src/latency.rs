@@ -192,24 +192,49 @@ pub struct ConfirmPoller {
 
 impl ConfirmPoller {
     pub async fn start(w: &World, slot: &str, period: Duration) -> Result<Self> {
-        let c = w.sql().await?;
+        Ok(Self::on(w.sql().await?, Some(slot.to_string()), period))
+    }
+
+    /// A slot's confirmed LSN on the server `c` is connected to (a standby's slot).
+    pub fn slot_on(c: tokio_postgres::Client, slot: &str, period: Duration) -> Self {
+        Self::on(c, Some(slot.to_string()), period)
+    }
+
+    /// A standby's replayed position (`pg_last_wal_replay_lsn`) instead of a slot's: against
+    /// commits, commit→replayed (the replay lag a standby slot's decoding waits for).
+    pub fn replay_on(c: tokio_postgres::Client, period: Duration) -> Self {
+        Self::on(c, None, period)
+    }
+
+    fn on(c: tokio_postgres::Client, slot: Option<String>, period: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        let slot = slot.to_string();
         let handle = tokio::spawn(async move {
             let mut samples = Vec::new();
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            const NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1e6)::int8";
             while !s.load(Ordering::Relaxed) {
                 tick.tick().await;
-                let row = c
-                    .query_one(
-                        "SELECT (extract(epoch FROM clock_timestamp()) * 1e6)::int8, \
-                         (confirmed_flush_lsn - '0/0')::int8 FROM pg_replication_slots \
-                         WHERE slot_name = $1",
-                        &[&slot],
-                    )
-                    .await?;
+                let row = match &slot {
+                    Some(slot) => {
+                        c.query_one(
+                            &format!(
+                                "SELECT {NOW}, (confirmed_flush_lsn - '0/0')::int8 \
+                                 FROM pg_replication_slots WHERE slot_name = $1"
+                            ),
+                            &[slot],
+                        )
+                        .await?
+                    }
+                    None => {
+                        c.query_one(
+                            &format!("SELECT {NOW}, (pg_last_wal_replay_lsn() - '0/0')::int8"),
+                            &[],
+                        )
+                        .await?
+                    }
+                };
                 samples.push((
                     row.get::<_, i64>(0),
                     row.get::<_, Option<i64>>(1).unwrap_or(0) as u64,
@@ -217,7 +242,7 @@ impl ConfirmPoller {
             }
             Ok(samples)
         });
-        Ok(Self { stop, handle })
+        Self { stop, handle }
     }
 
     pub async fn finish(self) -> Result<Vec<(i64, u64)>> {

@@ -22,6 +22,8 @@
 //! - [`report`], [`chart`]: Markdown/JSON results and the SVG chart.
 //! - [`tables`]: `outboxd-bench tables`, many outbox tables through one relay against one
 //!   relay per table (issue 30); `tables/fleet.rs`: the relays of one arrangement.
+//! - [`standby`]: `outboxd-bench standby`, the slot on a physical standby against the slot on
+//!   the primary (issue 31): primary CPU per event and commit→ack.
 
 pub mod bare;
 pub mod bench;
@@ -36,6 +38,7 @@ pub mod procstat;
 pub mod report;
 pub mod report_latency;
 pub mod scrape;
+pub mod standby;
 pub mod tables;
 pub mod verify;
 pub mod world;

@@ -1,9 +1,10 @@
 //! `outboxd-bench run` — the whole benchmark in one invocation (see docs/benchmarks.md);
-//! `outboxd-bench tables` — many outbox tables through one relay against one relay per table.
+//! `outboxd-bench tables` — many outbox tables through one relay against one relay per table;
+//! `outboxd-bench standby` — the slot on a physical standby against the slot on the primary.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use outboxd_bench::{bare, bench, chart, poll, tables};
+use outboxd_bench::{bare, bench, chart, poll, standby, tables};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -22,6 +23,8 @@ enum Cmd {
     Run(Box<bench::Opts>),
     /// Many outbox tables through one relay against one relay per table (issue 30).
     Tables(Box<tables::Opts>),
+    /// Decoding on a standby against on the primary: primary CPU and latency (issue 31).
+    Standby(Box<standby::Opts>),
     /// Re-render the Markdown and the chart of an earlier run from its JSON report.
     Render {
         #[arg(long)]
@@ -68,8 +71,14 @@ fn main() -> anyhow::Result<()> {
                 write_out(&report.markdown(), markdown, None, svg)
             }
             Cmd::Tables(o) => {
-                let (json_path, md_path) = (o.json.clone(), o.markdown.clone());
+                let (json_path, md_path) = (o.out.json.clone(), o.out.markdown.clone());
                 let report = tables::run(*o, command_line()).await?;
+                let json = json_of(json_path, &report)?;
+                write_out(&report.markdown(), md_path, json, None)
+            }
+            Cmd::Standby(o) => {
+                let (json_path, md_path) = (o.out.json.clone(), o.out.markdown.clone());
+                let report = standby::run(*o, command_line()).await?;
                 let json = json_of(json_path, &report)?;
                 write_out(&report.markdown(), md_path, json, None)
             }

@@ -5,7 +5,7 @@ use crate::contestant::Contestant;
 use crate::kafka_hop::{Hop, KafkaHop};
 use crate::procstat;
 use anyhow::{bail, Context, Result};
-use outboxd_testkit::{Broker, PgOptions, Postgres, PG_PASSWORD};
+use outboxd_testkit::{Broker, PgOptions, Postgres, StandbyOptions, PG_PASSWORD};
 use std::time::Duration;
 
 /// Database every contestant reads from.
@@ -173,17 +173,31 @@ pub struct World {
     pub dir: tempfile::TempDir,
     /// Next unused aggregate_version (versions never repeat within a bench run).
     pub next_version: i64,
+    /// A physical standby of `pg` (decoding on a standby), when started.
+    pub standby: Option<Postgres>,
 }
+
+/// The standby's physical slot on the primary (`primary_slot_name`) and its
+/// `application_name` in the primary's `pg_stat_replication` (testkit's).
+pub const STANDBY_SLOT: &str = "bench_standby";
+pub const STANDBY_APP: &str = "testkit_standby";
 
 impl World {
     /// `ssl`: the server also accepts TLS (a throwaway self-signed certificate for 127.0.0.1);
     /// each client still chooses (`sslmode`).
     pub async fn start(ssl: bool) -> Result<Self> {
+        Self::start_version(ssl, None).await
+    }
+
+    /// [`World::start`] on Postgres `version` (the version matrix's builds; `None`: testkit's
+    /// default).
+    pub async fn start_version(ssl: bool, version: Option<u32>) -> Result<Self> {
         let mut opts = PgOptions {
             settings: PG_SETTINGS
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            version,
             ..PgOptions::default()
         };
         if ssl {
@@ -216,6 +230,7 @@ impl World {
                 .prefix("outboxd-bench-")
                 .tempdir()?,
             next_version: 1,
+            standby: None,
         };
         let c = w.sql().await?;
         c.batch_execute(outboxd::OUTBOX_SQL).await?;
@@ -235,6 +250,73 @@ impl World {
 
     pub fn dsn(&self) -> String {
         self.pg.dsn(DB)
+    }
+
+    /// Starts a physical standby of the primary as an operator would for decoding on it:
+    /// `hot_standby_feedback = on` and `primary_slot_name` ([`STANDBY_SLOT`]); the primary's
+    /// settings otherwise. It streams from here on, whoever decodes where.
+    pub async fn start_standby(&mut self) -> Result<()> {
+        let sb = self
+            .pg
+            .start_standby(StandbyOptions {
+                slot: Some(STANDBY_SLOT.into()),
+                settings: vec![("hot_standby_feedback".into(), "on".into())],
+            })
+            .await?;
+        self.standby = Some(sb);
+        Ok(())
+    }
+
+    fn standby(&self) -> Result<&Postgres> {
+        self.standby.as_ref().context("no standby was started")
+    }
+
+    /// The standby's DSN (a relay's `source.replication_dsn`).
+    pub fn standby_dsn(&self) -> Result<String> {
+        Ok(self.standby()?.dsn(DB))
+    }
+
+    /// Waits until the primary knows (hot_standby_feedback, through the standby's physical
+    /// slot) the catalog_xmin of `slot` on the standby: before that, the primary may prune
+    /// catalog rows the slot needs and the standby invalidates it (`rows_removed`). Feedback
+    /// goes out every `wal_receiver_status_interval` (10 s by default).
+    pub async fn wait_standby_feedback(&self, slot: &str) -> Result<()> {
+        let sb = self.slot_sql(true).await?;
+        let xmin: i64 = sb
+            .query_one(
+                "SELECT catalog_xmin::text::int8 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .with_context(|| format!("slot {slot} on the standby"))?
+            .get(0);
+        let c = self.sql().await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let held: bool = c
+                .query_one(
+                    "SELECT coalesce(bool_or(catalog_xmin::text::int8 <= $1), false) \
+                     FROM pg_replication_slots WHERE slot_name = $2",
+                    &[&xmin, &STANDBY_SLOT],
+                )
+                .await?
+                .get(0);
+            if held {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the primary did not get the standby's feedback for slot {slot} in 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A client of the server a slot lives on: the standby or the primary.
+    pub async fn slot_sql(&self, on_standby: bool) -> Result<tokio_postgres::Client> {
+        match on_standby {
+            true => self.standby()?.connect(DB).await,
+            false => self.sql().await,
+        }
     }
 
     /// libpq key=value connection string without the password (it goes in PGPASSWORD).
@@ -330,8 +412,15 @@ impl World {
     /// Drops the slot and, with it, its relay's delivery state: the relay is decommissioned.
     /// (A state row without its slot is a lost slot, which holds cleanup back, as it must.)
     pub async fn drop_slot(&self, slot: &str) -> Result<()> {
+        self.drop_slot_on(slot, false).await
+    }
+
+    /// [`World::drop_slot`] of a slot on the standby (`on_standby`) or the primary; the
+    /// delivery state is on the primary either way.
+    pub async fn drop_slot_on(&self, slot: &str, on_standby: bool) -> Result<()> {
+        self.drop_slot_only(&self.slot_sql(on_standby).await?, slot)
+            .await?;
         let c = self.sql().await?;
-        self.drop_slot_only(&c, slot).await?;
         let state: bool = c
             .query_one("SELECT to_regclass('outboxd_slot_state') IS NOT NULL", &[])
             .await?

@@ -188,3 +188,55 @@ fn tables_smoke_delivers_every_event_and_reports_each_figure() {
     assert!(r["live"][0]["writer_cpu_s"].as_f64().is_some());
     assert!(md.contains("N relays / one relay"), "{md}");
 }
+
+/// `outboxd-bench standby` at a tiny load (Postgres 17, primary + standby): both arrangements
+/// deliver every event, and the report carries every figure of docs/benchmarks.md's
+/// decoding-on-a-standby section (CPU on each side, commit→ack, commit→replayed).
+#[test]
+fn standby_smoke_delivers_every_event_and_reports_each_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("standby.json");
+    let (r, md) = bench(
+        &[
+            "standby",
+            "--rates",
+            "500",
+            "--secs",
+            "1",
+            "--runs",
+            "1",
+            "--writers",
+            "2",
+        ],
+        &json,
+    );
+    let points = r["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2, "one load × two arrangements");
+    for a in ["OnPrimary", "OnStandby"] {
+        let p = points
+            .iter()
+            .find(|x| x["arrangement"] == a)
+            .unwrap_or_else(|| panic!("no {a} point"));
+        let v = &p["verified"];
+        assert_eq!(v["distinct"], v["expected"], "{a}: {v}");
+        assert!(p["events"].as_u64().unwrap() > 0, "{p}");
+        for k in [
+            "walsender_cpu_s",
+            "relay_cpu_s",
+            "writer_cpu_s",
+            "physical_walsender_cpu_s",
+            "replay_cpu_s",
+            "relay_sessions_cpu_s",
+        ] {
+            assert!(p[k].as_f64().is_some(), "{a} {k}: {p}");
+        }
+        for k in ["ack", "replayed"] {
+            assert!(p[k]["p99_ms"].as_f64().unwrap() > 0.0, "{a} {k}: {p}");
+        }
+        assert!(p["relay_sessions"].as_u64().unwrap() > 0, "{p}");
+    }
+    assert!(
+        md.contains("Slot on standby against slot on primary"),
+        "{md}"
+    );
+}

@@ -48,6 +48,8 @@ pub fn tables(n: usize) -> Vec<String> {
 pub struct FleetCfg {
     pub relay_bin: PathBuf,
     pub status_ms: u64,
+    /// The slots live on the world's standby (`source.replication_dsn`), not the primary.
+    pub on_standby: bool,
 }
 
 /// One relay's slot and config file, `init` done.
@@ -70,6 +72,10 @@ pub async fn prepare(
     topic: impl Fn(usize) -> String,
 ) -> Result<Vec<Spec>> {
     let all = tables(n);
+    let replication_dsn = match fc.on_standby {
+        true => Some(w.standby_dsn()?),
+        false => None,
+    };
     let sources: Vec<RelaySource> = match mode {
         Mode::OneRelay => vec![RelaySource {
             slot: format!("{tag}_{}", mode.tag()),
@@ -77,6 +83,7 @@ pub async fn prepare(
             tables: all.clone(),
             topics: (1..=n).map(&topic).collect(),
             slot_exists: false,
+            replication_dsn,
         }],
         Mode::RelayPerTable => (1..=n)
             .map(|i| RelaySource {
@@ -85,6 +92,7 @@ pub async fn prepare(
                 tables: vec![all[i - 1].clone()],
                 topics: vec![topic(i)],
                 slot_exists: false,
+                replication_dsn: replication_dsn.clone(),
             })
             .collect(),
     };
@@ -118,10 +126,22 @@ pub async fn prepare(
         });
     }
     // An append-only outbox needs no vacuum during a benchmark (as `world` does for `outbox`).
+    // Only where not yet set: a catalog row changed after a standby's slot was made, then
+    // pruned on the primary before the standby's feedback carried the slot's catalog_xmin
+    // there, invalidates that slot (`rows_removed`).
     let sql = w.sql().await?;
     for t in &all {
-        sql.batch_execute(&format!("ALTER TABLE {t} SET (autovacuum_enabled = false)"))
-            .await?;
+        sql.batch_execute(&format!(
+            "DO $$ BEGIN IF NOT coalesce((SELECT reloptions FROM pg_class WHERE oid = '{t}'::regclass) \
+             @> '{{autovacuum_enabled=false}}', false) THEN \
+             ALTER TABLE {t} SET (autovacuum_enabled = false); END IF; END $$"
+        ))
+        .await?;
+    }
+    if fc.on_standby {
+        for s in &specs {
+            w.wait_standby_feedback(&s.slot).await?;
+        }
     }
     Ok(specs)
 }
@@ -137,7 +157,9 @@ struct Proc {
 pub struct Fleet {
     procs: Vec<Proc>,
     slots: Vec<String>,
+    /// A client of the server the slots live on.
     sql: tokio_postgres::Client,
+    on_standby: bool,
     paused: bool,
 }
 
@@ -183,7 +205,7 @@ impl Fleet {
     /// (the warm-up rows: connections, broker metadata and producer ids are start-up, not
     /// throughput).
     pub async fn start(w: &World, fc: &FleetCfg, specs: &[Spec], warm_lsn: u64) -> Result<Self> {
-        let sql = w.sql().await?;
+        let sql = w.slot_sql(fc.on_standby).await?;
         let mut started = vec![];
         for s in specs {
             let log = w.dir.path().join(format!("{}.log", s.slot));
@@ -205,10 +227,16 @@ impl Fleet {
             slots: procs.iter().map(|p| p.slot.clone()).collect(),
             procs,
             sql,
+            on_standby: fc.on_standby,
             paused: false,
         };
         f.wait_confirmed(warm_lsn, Duration::from_secs(120)).await?;
         Ok(f)
+    }
+
+    /// The fleet's slots.
+    pub fn slots(&self) -> &[String] {
+        &self.slots
     }
 
     /// Relay processes.
@@ -277,7 +305,7 @@ impl Fleet {
             }
         }
         for s in &self.slots {
-            w.drop_slot(s).await?;
+            w.drop_slot_on(s, self.on_standby).await?;
         }
         Ok(())
     }
@@ -325,6 +353,11 @@ impl Fleet {
     }
 }
 
+/// The server's WAL head: written on a primary, replayed on a standby (where a slot there
+/// decodes up to).
+const HEAD: &str = "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                    ELSE pg_current_wal_lsn() END";
+
 /// CPU snapshots and the WAL sampler around one timed stretch.
 struct Meter {
     t0: Instant,
@@ -336,7 +369,7 @@ struct Meter {
 
 impl Meter {
     async fn start(w: &World, f: &Fleet) -> Result<Self> {
-        let c = w.sql().await?;
+        let c = w.slot_sql(f.on_standby).await?;
         let slots = f.slots.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
@@ -346,9 +379,11 @@ impl Meter {
                 let done = s.load(Ordering::Relaxed);
                 let row = c
                     .query_one(
-                        "SELECT coalesce(sum(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)), 0)::int8, \
-                                coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), min(restart_lsn)), 0)::int8 \
-                         FROM pg_replication_slots WHERE slot_name = ANY($1)",
+                        &format!(
+                            "SELECT coalesce(sum(pg_wal_lsn_diff({HEAD}, restart_lsn)), 0)::int8, \
+                                    coalesce(pg_wal_lsn_diff({HEAD}, min(restart_lsn)), 0)::int8 \
+                             FROM pg_replication_slots WHERE slot_name = ANY($1)"
+                        ),
                         &[&slots],
                     )
                     .await?;

@@ -20,7 +20,6 @@ use crate::world::{RowOpts, Shape, World, AGG_TYPE};
 use anyhow::{bail, Result};
 use fleet::{Fleet, FleetCfg, Mode};
 use report::{ModeRun, TablesReport};
-use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -53,15 +52,32 @@ pub struct Opts {
     /// Every relay's `status_interval_ms` (bounds stopwatch overshoot).
     #[arg(long, default_value_t = 10)]
     pub status_ms: u64,
+    #[command(flatten)]
+    pub out: OutOpts,
+}
+
+/// The relay binary and the report files of the relay-process benches (`tables`, `standby`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct OutOpts {
     /// Relay binary (default: `outboxd-bench-relay` next to this binary).
     #[arg(long)]
-    pub relay_bin: Option<PathBuf>,
+    pub relay_bin: Option<std::path::PathBuf>,
     /// Write the results as JSON here.
     #[arg(long)]
-    pub json: Option<PathBuf>,
+    pub json: Option<std::path::PathBuf>,
     /// Write the results as Markdown here (always printed to stdout).
     #[arg(long)]
-    pub markdown: Option<PathBuf>,
+    pub markdown: Option<std::path::PathBuf>,
+}
+
+impl OutOpts {
+    /// The relay binary to spawn.
+    pub fn relay_bin(&self) -> Result<std::path::PathBuf> {
+        match &self.relay_bin {
+            Some(p) => Ok(p.clone()),
+            None => sibling("outboxd-bench-relay"),
+        }
+    }
 }
 
 impl Opts {
@@ -72,10 +88,15 @@ impl Opts {
 
 /// Both arrangements, in run `r`'s order: neither always goes first.
 fn order(r: usize) -> [Mode; 2] {
+    in_turn(r, [Mode::OneRelay, Mode::RelayPerTable])
+}
+
+/// Two arrangements in run `r`'s order (as given in odd runs, swapped in even ones).
+pub(crate) fn in_turn<T>(r: usize, [a, b]: [T; 2]) -> [T; 2] {
     if r % 2 == 1 {
-        [Mode::OneRelay, Mode::RelayPerTable]
+        [a, b]
     } else {
-        [Mode::RelayPerTable, Mode::OneRelay]
+        [b, a]
     }
 }
 
@@ -100,11 +121,9 @@ pub async fn run(o: Opts, command: String) -> Result<TablesReport> {
         bail!("--counts (each ≥ 1), --runs and --events must be non-empty/positive");
     }
     let fc = FleetCfg {
-        relay_bin: match &o.relay_bin {
-            Some(p) => p.clone(),
-            None => sibling("outboxd-bench-relay")?,
-        },
+        relay_bin: o.out.relay_bin()?,
         status_ms: o.status_ms,
+        on_standby: false,
     };
     let machine = crate::procstat::machine();
     let started = chrono::Local::now();
@@ -238,7 +257,13 @@ async fn live(
 
 /// Reads `topics` back: versions `first..first+n` all there (and, with `ordered`, each
 /// aggregate's in commit order), else the run fails.
-fn verified(w: &World, topics: &[String], first: i64, n: u64, ordered: bool) -> Result<Verified> {
+pub(crate) fn verified(
+    w: &World,
+    topics: &[String],
+    first: i64,
+    n: u64,
+    ordered: bool,
+) -> Result<Verified> {
     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
     let v = verify_topics(&w.bootstrap(), &names, first, n, verify_timeout(n))?;
     if v.distinct != v.expected || (ordered && !v.ok()) {

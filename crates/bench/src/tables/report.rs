@@ -71,7 +71,7 @@ pub struct Row {
     pub verified: bool,
 }
 
-fn med(v: impl Iterator<Item = f64>) -> f64 {
+pub(crate) fn med(v: impl Iterator<Item = f64>) -> f64 {
     median(v.collect()).unwrap_or(f64::NAN)
 }
 
