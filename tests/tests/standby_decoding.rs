@@ -183,6 +183,8 @@ async fn streams_from_the_standby(major: u32) -> Result<()> {
         out.contains("on the server of source.replication_dsn"),
         "{out}"
     );
+    // init waited until the primary held the new slot's catalog_xmin (hot-standby feedback).
+    assert!(!out.contains("feedback for the new slot"), "{out}");
     // The slot is on the standby, not on the primary.
     let p = w.env.sql().await?;
     let on_primary: i64 = p
@@ -374,6 +376,7 @@ async fn standby_without_feedback(major: u32) -> Result<()> {
         out.contains("WARNING: hot_standby_feedback is off"),
         "{out}"
     );
+    assert!(out.contains("feedback for the new slot"), "{out}");
     let (code, out) = outboxd_cli(&["check"], &w.config);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("hot_standby_feedback is off"), "{out}");

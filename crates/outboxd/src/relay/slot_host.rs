@@ -168,6 +168,55 @@ impl SlotHost {
         Ok(warnings)
     }
 
+    /// A slot created on a standby is safe from the primary's vacuum only once the standby's
+    /// hot-standby feedback carried its `catalog_xmin` to the primary (every
+    /// `wal_receiver_status_interval`, 10 s by default): a catalog change on the primary pruned
+    /// before that invalidates the new slot (`rows_removed`), which costs a recovery. Waits up to
+    /// `within` until the primary holds it (the standby's physical slot, or its walsender's
+    /// `backend_xmin`); `false`: not seen in time.
+    pub async fn wait_feedback(
+        &self,
+        primary: &Client,
+        slot: &str,
+        within: std::time::Duration,
+    ) -> Result<bool, RelayError> {
+        if !self.in_recovery {
+            return Ok(true);
+        }
+        let row = self
+            .sql(primary)
+            .query_opt(
+                "SELECT catalog_xmin::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await?;
+        let Some(xmin) = row.and_then(|r| r.get::<_, Option<String>>(0)) else {
+            return Ok(false);
+        };
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let held: bool = primary
+                .query_one(
+                    "SELECT coalesce(bool_or(age(h) >= age($1::text::xid)), false) FROM ( \
+                       SELECT catalog_xmin AS h FROM pg_replication_slots \
+                        WHERE slot_type = 'physical' AND catalog_xmin IS NOT NULL \
+                       UNION ALL \
+                       SELECT backend_xmin FROM pg_stat_replication \
+                        WHERE backend_xmin IS NOT NULL) s",
+                    &[&xmin],
+                )
+                .await?
+                .get(0);
+            if held {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// Runs `create` (a slot's creation on this host) to its end. On a standby the creation
     /// waits for the primary's next running-transactions record (logged every 15 s by the
     /// background writer while there is activity): meanwhile ask the primary for one every

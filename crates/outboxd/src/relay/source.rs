@@ -194,6 +194,12 @@ pub async fn create_slot_sql(
         }
     }
     tracing::info!(slot = %slot, "created replication slot");
+    if !host
+        .wait_feedback(primary, slot, Duration::from_secs(15))
+        .await?
+    {
+        tracing::warn!(slot = %slot, "the primary has not received the standby's feedback for the new slot within 15 s (hot_standby_feedback off, or no physical slot?): a catalog change on the primary now can invalidate it (rows_removed), which costs a recovery");
+    }
     slot_state(cfg, sql)
         .await?
         .ok_or_else(|| RelayError::Postgres(format!("slot {slot:?} vanished")))
