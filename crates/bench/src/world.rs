@@ -276,41 +276,6 @@ impl World {
         Ok(self.standby()?.dsn(DB))
     }
 
-    /// Waits until the primary knows (hot_standby_feedback, through the standby's physical
-    /// slot) the catalog_xmin of `slot` on the standby: before that, the primary may prune
-    /// catalog rows the slot needs and the standby invalidates it (`rows_removed`). Feedback
-    /// goes out every `wal_receiver_status_interval` (10 s by default).
-    pub async fn wait_standby_feedback(&self, slot: &str) -> Result<()> {
-        let sb = self.slot_sql(true).await?;
-        let xmin: i64 = sb
-            .query_one(
-                "SELECT catalog_xmin::text::int8 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
-            )
-            .await
-            .with_context(|| format!("slot {slot} on the standby"))?
-            .get(0);
-        let c = self.sql().await?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let held: bool = c
-                .query_one(
-                    "SELECT coalesce(bool_or(catalog_xmin::text::int8 <= $1), false) \
-                     FROM pg_replication_slots WHERE slot_name = $2",
-                    &[&xmin, &STANDBY_SLOT],
-                )
-                .await?
-                .get(0);
-            if held {
-                return Ok(());
-            }
-            if std::time::Instant::now() > deadline {
-                bail!("the primary did not get the standby's feedback for slot {slot} in 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
     /// A client of the server a slot lives on: the standby or the primary.
     pub async fn slot_sql(&self, on_standby: bool) -> Result<tokio_postgres::Client> {
         match on_standby {
