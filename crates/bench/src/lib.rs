@@ -24,6 +24,8 @@
 //!   relay per table (issue 30); `tables/fleet.rs`: the relays of one arrangement.
 //! - [`standby`]: `outboxd-bench standby`, the slot on a physical standby against the slot on
 //!   the primary (issue 31): primary CPU per event and commit→ack.
+//! - [`mqbridge`]: `outboxd-bench mqbridge`, outboxd against mq-bridge at light load, commit →
+//!   consumer (issue 28); mq-bridge runs as its own CLI (`scripts/mqbridge.sh`).
 
 pub mod bare;
 pub mod bench;
@@ -33,6 +35,7 @@ pub mod contest;
 pub mod contestant;
 pub mod kafka_hop;
 pub mod latency;
+pub mod mqbridge;
 pub mod poll;
 pub mod procstat;
 pub mod report;

@@ -1,10 +1,11 @@
 //! `outboxd-bench run` — the whole benchmark in one invocation (see docs/benchmarks.md);
 //! `outboxd-bench tables` — many outbox tables through one relay against one relay per table;
-//! `outboxd-bench standby` — the slot on a physical standby against the slot on the primary.
+//! `outboxd-bench standby` — the slot on a physical standby against the slot on the primary;
+//! `outboxd-bench mqbridge` — outboxd against mq-bridge, commit → consumer at light load.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use outboxd_bench::{bare, bench, chart, poll, standby, tables};
+use outboxd_bench::{bare, bench, chart, mqbridge, poll, standby, tables};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -25,6 +26,8 @@ enum Cmd {
     Tables(Box<tables::Opts>),
     /// Decoding on a standby against on the primary: primary CPU and latency (issue 31).
     Standby(Box<standby::Opts>),
+    /// outboxd against mq-bridge at light load, commit → consumer (issue 28).
+    Mqbridge(Box<mqbridge::Opts>),
     /// Re-render the Markdown and the chart of an earlier run from its JSON report.
     Render {
         #[arg(long)]
@@ -71,16 +74,19 @@ fn main() -> anyhow::Result<()> {
                 write_out(&report.markdown(), markdown, None, svg)
             }
             Cmd::Tables(o) => {
-                let (json_path, md_path) = (o.out.json.clone(), o.out.markdown.clone());
+                let out = o.out.clone();
                 let report = tables::run(*o, command_line()).await?;
-                let json = json_of(json_path, &report)?;
-                write_out(&report.markdown(), md_path, json, None)
+                emit(out, &report, report.markdown())
             }
             Cmd::Standby(o) => {
-                let (json_path, md_path) = (o.out.json.clone(), o.out.markdown.clone());
+                let out = o.out.clone();
                 let report = standby::run(*o, command_line()).await?;
-                let json = json_of(json_path, &report)?;
-                write_out(&report.markdown(), md_path, json, None)
+                emit(out, &report, report.markdown())
+            }
+            Cmd::Mqbridge(o) => {
+                let out = o.out.clone();
+                let report = mqbridge::run(*o, command_line()).await?;
+                emit(out, &report, report.markdown())
             }
             Cmd::Run(o) => {
                 let (chart_path, json_path, md_path) =
@@ -103,6 +109,13 @@ fn json_of(
         Some(p) => Some((p, serde_json::to_string_pretty(report)?)),
         None => None,
     })
+}
+
+/// Prints a relay-process bench's report (`tables`, `standby`, `mqbridge`) and writes its
+/// JSON and Markdown where asked.
+fn emit(out: tables::OutOpts, report: &impl serde::Serialize, md: String) -> anyhow::Result<()> {
+    let json = json_of(out.json, report)?;
+    write_out(&md, out.markdown, json, None)
 }
 
 fn command_line() -> String {

@@ -130,7 +130,7 @@ impl Shape {
 }
 
 /// The rows and topics of every bench (`run` and `tables`): shared options.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RowOpts {
     /// Approximate payload (jsonb text) bytes per event.
     #[arg(long, default_value_t = 100)]
@@ -150,6 +150,47 @@ impl RowOpts {
             payload_bytes: self.payload_bytes,
             aggregates: self.aggregates,
         }
+    }
+}
+
+/// The paced live load points of the `standby` and `mqbridge` benches: shared options (and
+/// report fields).
+#[derive(clap::Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PacedOpts {
+    /// Seconds of each load.
+    #[arg(long, default_value_t = 20.0)]
+    pub secs: f64,
+    /// Rows per transaction.
+    #[arg(long, default_value_t = 10)]
+    pub tx_size: usize,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub rows: RowOpts,
+    /// Runs per load point; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Writer connections.
+    #[arg(long, default_value_t = 4)]
+    pub writers: usize,
+}
+
+impl PacedOpts {
+    pub fn shape(&self) -> Shape {
+        self.rows.shape(self.tx_size)
+    }
+
+    /// "20 s per point, 4 writers, transactions of 10 rows, …, 3 partitions" (Markdown).
+    pub fn describe(&self) -> String {
+        format!(
+            "{} s per point, {} writers, transactions of {} rows, payload ≈ {} bytes, {} \
+             aggregates, {} partitions",
+            self.secs,
+            self.writers,
+            self.tx_size,
+            self.rows.payload_bytes,
+            self.rows.aggregates,
+            self.rows.partitions
+        )
     }
 }
 

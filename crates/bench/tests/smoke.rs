@@ -240,3 +240,21 @@ fn standby_smoke_delivers_every_event_and_reports_each_figure() {
         "{md}"
     );
 }
+
+/// `outboxd-bench mqbridge` needs mq-bridge's CLI, which CI does not install
+/// (`scripts/mqbridge.sh` is optional): without it the bench stops before starting anything,
+/// saying how to get it.
+#[test]
+fn mqbridge_without_its_cli_says_how_to_install_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_outboxd-bench"))
+        .args(["mqbridge", "--mqb-bin", "/nonexistent/mqb", "--relay-bin"])
+        .arg(env!("CARGO_BIN_EXE_outboxd-bench-relay"))
+        .output()
+        .expect("run outboxd-bench");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("/nonexistent/mqb") && err.contains("scripts/mqbridge.sh"),
+        "{err}"
+    );
+}

@@ -24,7 +24,7 @@ use crate::latency::{self, ConfirmPoller};
 use crate::procstat::CpuSnap;
 use crate::tables::fleet::{self, Fleet, FleetCfg};
 use crate::tables::{in_turn, verified, OutOpts};
-use crate::world::{RowOpts, Shape, World, AGG_TYPE, STANDBY_APP};
+use crate::world::{PacedOpts, World, AGG_TYPE, STANDBY_APP};
 use anyhow::{bail, Context, Result};
 use report::{Arrangement, SbRun, StandbyReport};
 use std::time::{Duration, Instant};
@@ -34,20 +34,8 @@ pub struct Opts {
     /// Offered loads (events/s), each measured in both arrangements.
     #[arg(long, value_delimiter = ',', default_value = "500,5000")]
     pub rates: Vec<f64>,
-    /// Seconds of each load.
-    #[arg(long, default_value_t = 20.0)]
-    pub secs: f64,
-    /// Rows per transaction.
-    #[arg(long, default_value_t = 10)]
-    pub tx_size: usize,
     #[command(flatten)]
-    pub rows: RowOpts,
-    /// Runs per load point; medians are reported.
-    #[arg(long, default_value_t = 3)]
-    pub runs: usize,
-    /// Writer connections.
-    #[arg(long, default_value_t = 4)]
-    pub writers: usize,
+    pub load: PacedOpts,
     /// The relay's `status_interval_ms` (bounds how far the confirmed position trails the acks).
     #[arg(long, default_value_t = 10)]
     pub status_ms: u64,
@@ -61,14 +49,8 @@ pub struct Opts {
     pub out: OutOpts,
 }
 
-impl Opts {
-    fn shape(&self) -> Shape {
-        self.rows.shape(self.tx_size)
-    }
-}
-
 pub async fn run(o: Opts, command: String) -> Result<StandbyReport> {
-    if o.rates.is_empty() || o.rates.iter().any(|r| *r <= 0.0) || o.runs == 0 {
+    if o.rates.is_empty() || o.rates.iter().any(|r| *r <= 0.0) || o.load.runs == 0 {
         bail!("--rates (each > 0) and --runs must be non-empty/positive");
     }
     if o.pg_version < 16 {
@@ -91,20 +73,14 @@ pub async fn run(o: Opts, command: String) -> Result<StandbyReport> {
         started_at: started.to_rfc3339(),
         machine,
         postgres: w.server_version().await?,
-        secs: o.secs,
-        tx_size: o.tx_size,
-        payload_bytes: o.rows.payload_bytes,
-        aggregates: o.rows.aggregates,
-        partitions: o.rows.partitions,
-        writers: o.writers,
+        load: o.load.clone(),
         status_ms: o.status_ms,
         poll_ms: o.poll_ms,
-        runs: o.runs,
         points: vec![],
         finished_in_s: 0.0,
     };
     let t_all = Instant::now();
-    for r in 1..=o.runs {
+    for r in 1..=o.load.runs {
         for &rate in &o.rates {
             // Neither arrangement always goes first.
             for a in in_turn(r, [Arrangement::OnPrimary, Arrangement::OnStandby]) {
@@ -190,12 +166,12 @@ async fn point(
 ) -> Result<SbRun> {
     let tables = fleet::tables(1);
     let topic = format!("sb.r{r}.l{rate:.0}.{}.{AGG_TYPE}", a.tag());
-    w.create_topics(std::slice::from_ref(&topic), o.rows.partitions)
+    w.create_topics(std::slice::from_ref(&topic), o.load.rows.partitions)
         .await?;
     let tag = format!("sb_r{r}_l{rate:.0}_{}", a.tag());
     let tpl = topic.replace(AGG_TYPE, "{aggregate_type}");
     let specs = fleet::prepare(w, fc, 1, fleet::Mode::OneRelay, &tag, |_| tpl.clone()).await?;
-    let (warm_first, warm_lsn) = w.load_into(&tables, WARM_ROWS, o.shape()).await?;
+    let (warm_first, warm_lsn) = w.load_into(&tables, WARM_ROWS, o.load.shape()).await?;
     let f = Fleet::start(w, fc, &specs, warm_lsn).await?;
     let side = Side::find(w).await?;
     let period = Duration::from_millis(o.poll_ms);
@@ -205,7 +181,13 @@ async fn point(
     let pids = side.pids();
     let cpu0 = CpuSnap::take(&pids);
     let (measured, written) = f
-        .live(w, &tables, (rate, o.secs), o.shape(), o.writers)
+        .live(
+            w,
+            &tables,
+            (rate, o.load.secs),
+            o.load.shape(),
+            o.load.writers,
+        )
         .await?;
     let cpu = cpu0.delta(&CpuSnap::take(&pids));
     let (acks, replays) = (ack.finish().await?, replay.finish().await?);

@@ -4,8 +4,9 @@
 use crate::latency::Percentiles;
 use crate::procstat::Machine;
 use crate::tables::fleet::Measured;
-use crate::tables::report::med;
+use crate::tables::report::{in_order, med, preamble};
 use crate::verify::Verified;
+use crate::world::PacedOpts;
 use std::fmt::Write as _;
 
 /// Where the relay's logical slot lives (the standby streams in both).
@@ -37,15 +38,10 @@ pub struct StandbyReport {
     pub started_at: String,
     pub machine: Machine,
     pub postgres: String,
-    pub secs: f64,
-    pub tx_size: usize,
-    pub payload_bytes: usize,
-    pub aggregates: usize,
-    pub partitions: i32,
-    pub writers: usize,
+    #[serde(flatten)]
+    pub load: PacedOpts,
     pub status_ms: u64,
     pub poll_ms: u64,
-    pub runs: usize,
     pub points: Vec<SbRun>,
     pub finished_in_s: f64,
 }
@@ -201,43 +197,27 @@ fn row(runs: &[SbRun], offered: f64, a: Arrangement) -> Option<Row> {
 impl StandbyReport {
     /// Offered loads in the order they were run.
     fn loads(&self) -> Vec<f64> {
-        let mut v: Vec<f64> = vec![];
-        for p in &self.points {
-            if !v.contains(&p.offered) {
-                v.push(p.offered);
-            }
-        }
-        v
+        in_order(self.points.iter().map(|p| p.offered))
     }
 
     pub fn markdown(&self) -> String {
         let mut s = String::new();
-        let m = &self.machine;
         let _ = writeln!(
             s,
-            "Command: `{}`  \nStarted {}; {} cores ({}), {} GiB, kernel {}; load average at \
-             start {}; {}, primary + one physical standby (`hot_standby_feedback = on`, \
-             `primary_slot_name`) in both arrangements; finished in {:.0} s. {} s per point, {} \
-             writers, transactions of {} rows, payload ≈ {} bytes, {} aggregates, {} partitions, \
+            "{}, primary + one physical standby (`hot_standby_feedback = on`, \
+             `primary_slot_name`) in both arrangements; finished in {:.0} s. {}, \
              `status_interval_ms = {}`, samplers every {} ms. Medians of {} runs.\n",
-            self.command,
-            self.started_at,
-            m.cores,
-            m.cpu_model,
-            m.mem_gib,
-            m.kernel,
-            m.load_avg_at_start,
-            self.postgres.split(" on ").next().unwrap_or(&self.postgres),
+            preamble(
+                &self.command,
+                &self.started_at,
+                &self.machine,
+                &self.postgres
+            ),
             self.finished_in_s,
-            self.secs,
-            self.writers,
-            self.tx_size,
-            self.payload_bytes,
-            self.aggregates,
-            self.partitions,
+            self.load.describe(),
             self.status_ms,
             self.poll_ms,
-            self.runs,
+            self.load.runs,
         );
         let _ = writeln!(
             s,

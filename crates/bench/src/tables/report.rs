@@ -71,6 +71,31 @@ pub struct Row {
     pub verified: bool,
 }
 
+/// The first line of a relay-process bench's Markdown: the command, the machine, the server.
+pub(crate) fn preamble(command: &str, started_at: &str, m: &Machine, postgres: &str) -> String {
+    format!(
+        "Command: `{command}`  \nStarted {started_at}; {} cores ({}), {} GiB, kernel {}; load \
+         average at start {}; {}",
+        m.cores,
+        m.cpu_model,
+        m.mem_gib,
+        m.kernel,
+        m.load_avg_at_start,
+        postgres.split(" on ").next().unwrap_or(postgres),
+    )
+}
+
+/// Distinct values in the order they first appear (a run's load points or table counts).
+pub(crate) fn in_order<T: PartialEq>(v: impl IntoIterator<Item = T>) -> Vec<T> {
+    let mut out = vec![];
+    for x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
 pub(crate) fn med(v: impl Iterator<Item = f64>) -> f64 {
     median(v.collect()).unwrap_or(f64::NAN)
 }
@@ -122,31 +147,21 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
 impl TablesReport {
     /// Table counts in the order they were run.
     pub fn counts(&self) -> Vec<usize> {
-        let mut v: Vec<usize> = vec![];
-        for r in self.backlog.iter().chain(&self.live) {
-            if !v.contains(&r.tables) {
-                v.push(r.tables);
-            }
-        }
-        v
+        in_order(self.backlog.iter().chain(&self.live).map(|r| r.tables))
     }
 
     pub fn markdown(&self) -> String {
         let mut s = String::new();
-        let m = &self.machine;
         let _ = writeln!(
             s,
-            "Command: `{}`  \nStarted {}; {} cores ({}), {} GiB, kernel {}; load average at \
-             start {}; {}; finished in {:.0} s. Transactions of {} rows, payload ≈ {} bytes, {} \
+            "{}; finished in {:.0} s. Transactions of {} rows, payload ≈ {} bytes, {} \
              aggregates per table, {} partitions, `status_interval_ms = {}`.\n",
-            self.command,
-            self.started_at,
-            m.cores,
-            m.cpu_model,
-            m.mem_gib,
-            m.kernel,
-            m.load_avg_at_start,
-            self.postgres.split(" on ").next().unwrap_or(&self.postgres),
+            preamble(
+                &self.command,
+                &self.started_at,
+                &self.machine,
+                &self.postgres
+            ),
             self.finished_in_s,
             self.tx_size,
             self.payload_bytes,
