@@ -18,9 +18,10 @@ fn esc(s: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// Renders p50 and p99 commit→ack latency (log scale) against the achieved offered load.
+/// Renders p50 and p99 commit→ack latency (log scale) against the achieved offered load
+/// (medians over the rounds of the latency phase).
 pub fn latency_svg(r: &Report) -> String {
-    let pts = &r.latency;
+    let pts = &r.latency_medians();
     let x_max = pts
         .iter()
         .map(|p| p.achieved_rate.max(p.target_rate))

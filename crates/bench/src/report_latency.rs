@@ -2,7 +2,9 @@
 //! the latency targets, including the proof when a target's load cannot be produced here.
 
 use crate::contest::Contestant;
+use crate::report::rounds::{spread_header, PointSummary};
 use crate::report::{opt, LatencyPoint, Report, Target};
+use crate::scrape::RelayView;
 use std::fmt::Write as _;
 
 /// See [`Report::live_bound`].
@@ -17,10 +19,11 @@ pub struct LiveBound {
 }
 
 impl Report {
-    /// The highest offered load this contestant kept with p99 ≤ 50 ms (both measures).
-    pub fn best_within_50ms(&self, k: Contestant) -> Option<&LatencyPoint> {
-        self.latency
-            .iter()
+    /// The highest offered load this contestant kept with p99 ≤ 50 ms (both measures; medians
+    /// over the rounds).
+    pub fn best_within_50ms(&self, k: Contestant) -> Option<LatencyPoint> {
+        self.latency_medians()
+            .into_iter()
             .filter(|p| p.contestant == k && !p.saturated && p.latency.p99_ms <= 50.0)
             .max_by(|a, b| a.achieved_rate.total_cmp(&b.achieved_rate))
     }
@@ -28,7 +31,8 @@ impl Report {
     pub(crate) fn latency_targets(&self, k: Contestant, t: &mut Vec<Target>) {
         let who = k.label();
         let half = 0.5 * self.latency_ceiling;
-        let at_half = self.latency.iter().find(|p| {
+        let medians = self.latency_medians();
+        let at_half = medians.iter().find(|p| {
             p.contestant == k
                 && p.fraction_of_ceiling
                     .is_some_and(|f| (f - 0.5).abs() < 1e-9)
@@ -106,18 +110,16 @@ impl Report {
     pub fn live_bound(&self, k: Contestant) -> Option<LiveBound> {
         let cap = self.write_capacity?;
         let writers_us = cap.writer_us_per_event?;
-        let walsender_us = self
-            .latency
-            .iter()
-            .filter(|p| p.contestant == k && !p.saturated)
-            .filter_map(|p| p.cpu.walsender)
-            .min_by(f64::total_cmp)?;
-        let broker_us = self
-            .latency
-            .iter()
-            .filter(|p| p.contestant == k && !p.saturated)
-            .filter_map(|p| p.cpu.broker)
-            .min_by(f64::total_cmp)?;
+        let medians = self.latency_medians();
+        let cheapest = |f: fn(&LatencyPoint) -> Option<f64>| {
+            medians
+                .iter()
+                .filter(|p| p.contestant == k && !p.saturated)
+                .filter_map(f)
+                .min_by(f64::total_cmp)
+        };
+        let walsender_us = cheapest(|p| p.cpu.walsender)?;
+        let broker_us = cheapest(|p| p.cpu.broker)?;
         let floor_us = writers_us + walsender_us + broker_us;
         Some(LiveBound {
             write_capacity: cap.rate,
@@ -164,42 +166,38 @@ impl Report {
                 100.0 * b.max_rate / self.latency_ceiling
             );
         }
-        let _ = writeln!(
-            w,
-            "| contestant | offered events/s | of ceiling | achieved | p50 ms | p99 ms | max ms | relay's histogram: share ≤ 50 ms / p50 / p99 (ms) | CPU µs/event: writers / walsender (polling: its backend) / relay / broker | note |\n|---|---|---|---|---|---|---|---|---|---|"
-        );
-        for p in &self.latency {
+        let n = self.latency_runs.max(1);
+        if n > 1 {
             let _ = writeln!(
                 w,
-                "| {} | {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+                "Medians of {n} rounds (a round: each contestant's sweep, then its points with a \
+                 consumer, each contestant on a fresh relay process, slot and topic); the CPU \
+                 and relay-histogram figures are medians too (a histogram's p50 and p99 the \
+                 upper median, a bucket bound), counts of events are summed over the rounds. \
+                 \"per round\" lists the rounds \
+                 in order (–: not measured, the contestant had fallen behind at a lower load in \
+                 that round).\n"
+            );
+        }
+        let _ = writeln!(
+            w,
+            "| contestant | offered events/s | of ceiling | achieved | p50 ms | p99 ms | max ms |{} relay's histogram: share ≤ 5 / ≤ 15 / ≤ 50 ms / p50 / p99 (ms) | CPU µs/event: writers / walsender (polling: its backend) / relay / broker | note |\n|---|---|---|---|---|---|---|{}---|---|---|",
+            spread_header(n, ""),
+            "---|".repeat(if n > 1 { 2 } else { 0 })
+        );
+        for s in self.latency_summaries() {
+            let p = &s.median;
+            let _ = writeln!(
+                w,
+                "| {} | {:.1} | {:.1} | {:.1} |{} {} | {} | {} |",
                 p.load_cells(),
                 p.latency.p50_ms,
                 p.latency.p99_ms,
                 p.latency.max_ms,
-                p.relay_view.map_or("–".into(), |v| {
-                    let le = |ms: f64| {
-                        if ms.is_finite() {
-                            format!("≤ {ms:.0}")
-                        } else {
-                            "> 60 000".into()
-                        }
-                    };
-                    format!(
-                        "{:.2}% / {} / {}",
-                        100.0 * v.within_50ms,
-                        le(v.p50_le_ms),
-                        le(v.p99_le_ms)
-                    )
-                }),
+                s.spread_cells(|p| p.latency),
+                p.relay_view.map_or("–".into(), |v| relay_cells(&v)),
                 p.cpu.cells(),
-                if p.saturated {
-                    format!(
-                        "falling behind: an event waited > 1 s ({} of {} not acked 30 s after the writers stopped)",
-                        p.unacked, p.events
-                    )
-                } else {
-                    String::new()
-                }
+                note(&s)
             );
         }
         let _ = writeln!(w);
@@ -210,21 +208,28 @@ impl Report {
         if self.consumer_points.is_empty() {
             return;
         }
+        let n = self.latency_runs.max(1);
         let _ = writeln!(
             w,
             "Commit→consumer: one more point per contestant with a consumer reading the topic \
              (assigned at the end of every partition, `fetch.wait.max.ms` = 10); latency = read \
              time − record timestamp (the row's `created_at`; whole ms, so 0–1 ms late).\n\n\
-             | contestant | offered events/s | of ceiling | achieved | commit→ack p50 / p99 / max ms | commit→consumer p50 / p99 / max ms | read / missing | CPU µs/event: writers / walsender (polling: its backend) / relay / broker |\n|---|---|---|---|---|---|---|---|"
+             | contestant | offered events/s | of ceiling | achieved | commit→ack p50 / p99 / max ms | commit→consumer p50 / p99 / max ms |{}{} read / missing | CPU µs/event: writers / walsender (polling: its backend) / relay / broker |\n|---|---|---|---|---|---|{}---|---|",
+            spread_header(n, "commit→ack "),
+            spread_header(n, "commit→consumer "),
+            "---|".repeat(if n > 1 { 4 } else { 0 })
         );
-        for p in &self.consumer_points {
+        for s in self.consumer_summaries() {
+            let p = &s.median;
             let c = p.consumer_view.unwrap_or_default();
             let _ = writeln!(
                 w,
-                "| {} | {} | {} | {} / {} | {} |",
+                "| {} | {} | {} |{}{} {} / {} | {} |",
                 p.load_cells(),
                 p.latency.cells(),
                 c.latency.cells(),
+                s.spread_cells(|p| p.latency),
+                s.spread_cells(|p| p.consumer_view.unwrap_or_default().latency),
                 c.read,
                 c.missing,
                 p.cpu.cells(),
@@ -232,4 +237,49 @@ impl Report {
         }
         let _ = writeln!(w);
     }
+}
+
+/// The relay's histogram over a point: shares ≤ 5 / ≤ 15 / ≤ 50 ms, then the buckets holding
+/// p50 and p99.
+fn relay_cells(v: &RelayView) -> String {
+    let pct = |x: Option<f64>| x.map_or("–".into(), |x| format!("{:.2}%", 100.0 * x));
+    let le = |ms: f64| {
+        if !ms.is_finite() {
+            "> 60 000".into()
+        } else if ms.fract() == 0.0 {
+            format!("≤ {ms:.0}")
+        } else {
+            format!("≤ {ms:.1}")
+        }
+    };
+    format!(
+        "{} / {} / {} / {} / {}",
+        pct(v.within_5ms),
+        pct(v.within_15ms),
+        pct(Some(v.within_50ms)),
+        le(v.p50_le_ms),
+        le(v.p99_le_ms)
+    )
+}
+
+/// The note of a sweep row: whether (and in how many rounds) the contestant fell behind, and
+/// in how many rounds the point was measured when not in all.
+fn note(s: &PointSummary) -> String {
+    let (n, p) = (s.rounds.len(), &s.median);
+    let mut parts = vec![];
+    if p.saturated {
+        let rounds = if n > 1 {
+            format!(" in {} of {n} rounds", s.saturated())
+        } else {
+            String::new()
+        };
+        parts.push(format!(
+            "falling behind{rounds}: an event waited > 1 s ({} of {} not acked 30 s after the writers stopped)",
+            p.unacked, p.events
+        ));
+    }
+    if s.measured() < n {
+        parts.push(format!("measured in {} of {n} rounds", s.measured()));
+    }
+    parts.join("; ")
 }

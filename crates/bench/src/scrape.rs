@@ -52,9 +52,23 @@ pub struct RelayView {
     pub transactions: u64,
     /// Share of them acknowledged within 50 ms of their commit.
     pub within_50ms: f64,
-    /// Upper bucket bounds (ms) holding the median and the 99th percentile.
+    /// … within 5 ms and within 15 ms (absent in reports of older runs).
+    #[serde(default)]
+    pub within_5ms: Option<f64>,
+    #[serde(default)]
+    pub within_15ms: Option<f64>,
+    /// Upper bucket bounds (ms) holding the median and the 99th percentile (infinite: beyond
+    /// the last bucket).
+    #[serde(deserialize_with = "inf_if_null")]
     pub p50_le_ms: f64,
+    #[serde(deserialize_with = "inf_if_null")]
     pub p99_le_ms: f64,
+}
+
+/// JSON has no infinity (serde_json writes it as `null`): a bound beyond the last bucket, e.g.
+/// of a relay paused for a minute mid-point, reads back as infinite instead of failing `render`.
+fn inf_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 impl Buckets {
@@ -76,15 +90,18 @@ impl Buckets {
                 .find(|(_, n)| *n as f64 >= q * total as f64)
                 .map_or(f64::INFINITY, |x| x.0 * 1e3)
         };
+        // The share at or under a bucket bound (0 when there is no such bucket).
+        let within = |secs: f64| {
+            d.iter()
+                .find(|(le, _)| (*le - secs).abs() < 1e-9)
+                .filter(|_| total > 0)
+                .map_or(0.0, |x| x.1 as f64 / total as f64)
+        };
         RelayView {
             transactions: total,
-            within_50ms: if total == 0 {
-                0.0
-            } else {
-                d.iter()
-                    .find(|(le, _)| (*le - 0.05).abs() < 1e-9)
-                    .map_or(0.0, |x| x.1 as f64 / total as f64)
-            },
+            within_50ms: within(0.05),
+            within_5ms: Some(within(0.005)),
+            within_15ms: Some(within(0.015)),
             p50_le_ms: q(0.5),
             p99_le_ms: q(0.99),
         }
@@ -99,12 +116,16 @@ mod tests {
     fn difference_of_two_scrapes() {
         let a = parse(
             "# TYPE outboxd_commit_to_ack_seconds histogram\n\
+             outboxd_commit_to_ack_seconds_bucket{le=\"0.005\"} 5\n\
+             outboxd_commit_to_ack_seconds_bucket{le=\"0.015\"} 8\n\
              outboxd_commit_to_ack_seconds_bucket{le=\"0.025\"} 10\n\
              outboxd_commit_to_ack_seconds_bucket{le=\"0.05\"} 10\n\
              outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"} 10\n",
         );
         let b = parse(
-            "outboxd_commit_to_ack_seconds_bucket{le=\"0.025\"} 90\n\
+            "outboxd_commit_to_ack_seconds_bucket{le=\"0.005\"} 45\n\
+             outboxd_commit_to_ack_seconds_bucket{le=\"0.015\"} 78\n\
+             outboxd_commit_to_ack_seconds_bucket{le=\"0.025\"} 90\n\
              outboxd_commit_to_ack_seconds_bucket{le=\"0.05\"} 109\n\
              outboxd_commit_to_ack_seconds_bucket{le=\"+Inf\"} 110\n\
              outboxd_commit_to_ack_seconds_sum 1.5\n",
@@ -112,7 +133,22 @@ mod tests {
         let v = b.since(&a);
         assert_eq!(v.transactions, 100);
         assert!((v.within_50ms - 0.99).abs() < 1e-9);
-        assert_eq!(v.p50_le_ms, 25.0);
+        assert_eq!(v.within_5ms, Some(0.4));
+        assert_eq!(v.within_15ms, Some(0.7));
+        assert_eq!(v.p50_le_ms, 15.0);
         assert_eq!(v.p99_le_ms, 50.0);
+    }
+
+    #[test]
+    fn a_bound_beyond_the_last_bucket_survives_json() {
+        let v = RelayView {
+            p99_le_ms: f64::INFINITY,
+            ..RelayView::default()
+        };
+        let json = serde_json::to_string(&v).unwrap();
+        assert!(json.contains("\"p99_le_ms\":null"), "{json}");
+        let back: RelayView = serde_json::from_str(&json).unwrap();
+        assert!(back.p99_le_ms.is_infinite());
+        assert_eq!(back.p50_le_ms, 0.0);
     }
 }

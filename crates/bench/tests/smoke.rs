@@ -129,6 +129,64 @@ fn bench_smoke_completes_and_verifies_every_event() {
     assert!(std::fs::read_to_string(&md).unwrap().contains("Targets"));
 }
 
+/// `--latency-runs 2` (the rest of `run` as small as it goes): the latency phase twice, each
+/// round on its own relay processes, slots and topics; the report keeps every round's points,
+/// the relay's shares ≤ 5 and ≤ 15 ms, and renders medians with each round's p50 and p99.
+#[test]
+fn bench_latency_rounds_keep_every_round_and_render_medians() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let (r, md) = bench(
+        &[
+            "run",
+            "--smoke",
+            "--latency-runs",
+            "2",
+            "--events",
+            "500",
+            "--skip-kafka-tls",
+            "--cleanup-rows",
+            "0",
+            "--big-txn-rows",
+            "0",
+        ],
+        &json,
+    );
+    assert_eq!(r["latency_runs"], 2);
+    for table in ["latency", "consumer_points"] {
+        let points = r[table].as_array().unwrap();
+        for who in ["Outboxd", "Polling"] {
+            let rounds: Vec<u64> = points
+                .iter()
+                .filter(|p| p["contestant"] == who)
+                .map(|p| p["round"].as_u64().unwrap())
+                .collect();
+            assert_eq!(rounds, [1, 2], "{table}, {who}");
+        }
+        for p in points.iter().filter(|p| p["contestant"] == "Outboxd") {
+            let v = &p["relay_view"];
+            assert!(v["transactions"].as_u64().unwrap() > 0, "{p}");
+            for k in ["within_5ms", "within_15ms"] {
+                assert!(v[k].as_f64().is_some(), "{k}: {p}");
+            }
+        }
+        for p in points {
+            assert_eq!(p["unacked"], 0, "{p}");
+        }
+    }
+    for p in r["consumer_points"].as_array().unwrap() {
+        assert_eq!(p["consumer_view"]["missing"], 0, "{p}");
+    }
+    for s in [
+        "Medians of 2 rounds",
+        "| p50 ms per round | p99 ms per round |",
+        "commit→consumer p99 ms per round",
+        "share ≤ 5 / ≤ 15 / ≤ 50 ms",
+    ] {
+        assert!(md.contains(s), "{s}: {md}");
+    }
+}
+
 /// `outboxd-bench tables` at a few hundred events: one relay over N tables and N one-table
 /// relays (N = 1, 2) drain the same backlog and a short live load; every event arrives and the
 /// report carries every figure of docs/benchmarks.md's many-tables section.

@@ -1,6 +1,7 @@
-//! The latency phase: one relay process per contestant; after a warm-up, one point at
-//! `--consumer-at` with a consumer reading the topic (commit→consumer), then each offered load
-//! of the sweep in turn (open loop, no consumer). Also the TLS-to-Kafka comparison's live point.
+//! The latency phase: per round (`--latency-runs`), one relay process per contestant; after a
+//! warm-up, the points at `--consumer-at` with a consumer reading the topic (commit→consumer),
+//! then each offered load of the sweep in turn (open loop, no consumer). Also the TLS-to-Kafka
+//! comparison's live point.
 
 use super::{log, verify_timeout, Opts};
 use crate::consume::LiveConsumer;
@@ -17,7 +18,9 @@ use std::time::{Duration, Instant};
 /// An offered load: events/s and, when given as one, the fraction of the ceiling.
 pub type Load = (f64, Option<f64>);
 
-/// The sweep's points, then the consumer points (in that order, per contestant).
+/// The sweep's points, then the consumer points, of every round (`--latency-runs`): per
+/// round each contestant in turn (outboxd, the variant, polling) on a fresh relay process, slot
+/// and topic; a point's `round` says which.
 pub async fn latency_phase(
     w: &mut World,
     o: &Opts,
@@ -26,21 +29,32 @@ pub async fn latency_phase(
     consumer_at: &[Load],
 ) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
     let (mut points, mut with_consumer) = (vec![], vec![]);
-    w.create_topics(&[format!("poll.lat.{AGG_TYPE}")], o.rows.partitions)
-        .await?;
     let mut relays = vec![Contestant::Outboxd];
     if o.has_variant() {
         relays.push(Contestant::OutboxdVariant);
     }
-    for k in relays {
-        let (p, c) = latency_relay(w, o, cfg, k, None, rates, consumer_at).await?;
-        points.extend(p);
-        with_consumer.extend(c);
-    }
-    if !o.skip_polling {
-        let (p, c) = latency_polling(w, o, cfg, rates, consumer_at).await?;
-        points.extend(p);
-        with_consumer.extend(c);
+    let rounds = o.latency_runs.max(1);
+    for round in 1..=rounds {
+        // Slots and topics named by round, so no round reuses another's (one round: the
+        // names of a single run).
+        let name = (rounds > 1).then(|| {
+            log(format!("latency round {round} of {rounds}"));
+            format!("r{round}")
+        });
+        let mut got = vec![];
+        for &k in &relays {
+            got.push(latency_relay(w, o, cfg, k, name.clone(), rates, consumer_at).await?);
+        }
+        if !o.skip_polling {
+            got.push(latency_polling(w, o, cfg, name.as_deref(), rates, consumer_at).await?);
+        }
+        for (mut p, mut c) in got {
+            for x in p.iter_mut().chain(c.iter_mut()) {
+                x.round = round;
+            }
+            points.extend(p);
+            with_consumer.extend(c);
+        }
     }
     Ok((points, with_consumer))
 }
@@ -49,11 +63,14 @@ async fn latency_polling(
     w: &mut World,
     o: &Opts,
     cfg: &RunCfg,
+    round: Option<&str>,
     rates: &[Load],
     consumer_at: &[Load],
 ) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
     let shape = o.shape(o.tx_sizes[0]);
-    let topic = format!("poll.lat.{AGG_TYPE}");
+    let topic = format!("poll.lat{}.{AGG_TYPE}", round.unwrap_or_default());
+    w.create_topics(std::slice::from_ref(&topic), o.rows.partitions)
+        .await?;
     w.sql()
         .await?
         .batch_execute("TRUNCATE outbox_poll RESTART IDENTITY")
@@ -141,7 +158,7 @@ pub async fn kafka_tls_points(
             pair.reverse();
         }
         for k in pair {
-            let (p, _) = latency_relay(w, o, cfg, k, Some(r), &[load], &[]).await?;
+            let (p, _) = latency_relay(w, o, cfg, k, Some(r.to_string()), &[load], &[]).await?;
             out.extend(p);
         }
     }
@@ -286,11 +303,11 @@ async fn latency_relay(
     o: &Opts,
     cfg: &RunCfg,
     kind: Contestant,
-    round: Option<usize>,
+    round: Option<String>,
     rates: &[Load],
     consumer_at: &[Load],
 ) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
-    let mut s = start_relay(w, o, cfg, kind, round.map(|r| r.to_string())).await?;
+    let mut s = start_relay(w, o, cfg, kind, round).await?;
     // The consumer point comes first, while the topic is short: tansu's fetches (memory
     // storage) cost more the longer the topic, which would charge the broker, not the relay.
     let mut with_consumer = vec![];

@@ -59,6 +59,11 @@ pub struct Opts {
     /// consumer competes with the relay for CPU.
     #[arg(long, value_delimiter = ',', default_value = "0.1,0.25")]
     pub consumer_at: Vec<f64>,
+    /// Rounds of the latency phase: the whole sweep and the points with a consumer, all
+    /// contestants in turn, then again (each round on fresh relay processes, slots and topics);
+    /// the report shows medians over the rounds and each round's p50 and p99.
+    #[arg(long, default_value_t = 1)]
+    pub latency_runs: usize,
     /// Seconds of writing per latency point.
     #[arg(long, default_value_t = 5.0)]
     pub latency_secs: f64,
@@ -186,8 +191,8 @@ pub(crate) fn log(msg: impl AsRef<str>) {
 /// Runs the whole benchmark and returns the report.
 pub async fn run(mut o: Opts, command: String) -> Result<Report> {
     o.apply_smoke();
-    if o.tx_sizes.is_empty() || o.runs == 0 || o.events == 0 {
-        bail!("--tx-sizes, --runs and --events must be non-empty/positive");
+    if o.tx_sizes.is_empty() || o.runs == 0 || o.latency_runs == 0 || o.events == 0 {
+        bail!("--tx-sizes, --runs, --latency-runs and --events must be non-empty/positive");
     }
     let cfg = RunCfg {
         relay_bin: match &o.relay_bin {
@@ -233,6 +238,7 @@ pub async fn run(mut o: Opts, command: String) -> Result<Report> {
         latency_ceiling: 0.0,
         latency: vec![],
         consumer_points: vec![],
+        latency_runs: o.latency_runs,
         write_capacity: None,
         kafka_tls: None,
         cleanup: None,

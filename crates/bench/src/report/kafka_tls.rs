@@ -2,7 +2,7 @@
 //! ([`crate::kafka_hop`]), plain against TLS, in one transaction size's throughput runs and at
 //! one live load; ratios within the run.
 
-use super::{median, opt, LatencyPoint, Report, Summary};
+use super::{opt, LatencyPoint, Report, Summary};
 use crate::contest::Contestant;
 use std::fmt::Write as _;
 
@@ -35,21 +35,21 @@ pub struct LiveSummary {
 impl KafkaTlsReport {
     pub fn live(&self, k: Contestant) -> Option<LiveSummary> {
         let ps: Vec<&LatencyPoint> = self.latency.iter().filter(|p| p.contestant == k).collect();
-        let first = ps.first()?;
-        let med = |f: &dyn Fn(&LatencyPoint) -> Option<f64>| {
-            median(ps.iter().filter_map(|p| f(p)).collect())
-        };
+        if ps.is_empty() {
+            return None;
+        }
+        let m = super::rounds::median_point(&ps);
         Some(LiveSummary {
             rounds: ps.len(),
-            offered: first.target_rate,
-            fraction: first.fraction_of_ceiling,
-            achieved: med(&|p| Some(p.achieved_rate))?,
-            p50_ms: med(&|p| Some(p.latency.p50_ms))?,
-            p99_ms: med(&|p| Some(p.latency.p99_ms))?,
-            relay_us: med(&|p| p.cpu.relay),
-            proxy_us: med(&|p| p.cpu.proxy),
-            broker_us: med(&|p| p.cpu.broker),
-            walsender_us: med(&|p| p.cpu.walsender),
+            offered: m.target_rate,
+            fraction: m.fraction_of_ceiling,
+            achieved: m.achieved_rate,
+            p50_ms: m.latency.p50_ms,
+            p99_ms: m.latency.p99_ms,
+            relay_us: m.cpu.relay,
+            proxy_us: m.cpu.proxy,
+            broker_us: m.cpu.broker,
+            walsender_us: m.cpu.walsender,
             saturated: ps.iter().filter(|p| p.saturated).count(),
         })
     }
@@ -153,8 +153,9 @@ impl Report {
             k.live(Contestant::OutboxdViaProxy),
             k.live(Contestant::OutboxdViaTls),
         ) {
-            // The sweep's outboxd point at the same load, if there is one.
-            let sweep = self.latency.iter().find(|p| {
+            // The sweep's outboxd point at the same load, if there is one (its medians).
+            let medians = self.latency_medians();
+            let sweep = medians.iter().find(|p| {
                 p.contestant == Contestant::Outboxd
                     && match (p.fraction_of_ceiling, a.fraction) {
                         (Some(x), Some(y)) => (x - y).abs() < 1e-9,

@@ -3,6 +3,7 @@
 
 pub mod cleanup;
 pub mod kafka_tls;
+pub mod rounds;
 
 use crate::contest::{Contestant, RunResult};
 use crate::latency::{percentiles, Percentiles, Written};
@@ -24,10 +25,14 @@ pub struct Report {
     pub latency_tx_size: usize,
     /// The ceiling rate the latency phase's offered loads are fractions of.
     pub latency_ceiling: f64,
+    /// The sweep's points, every round's (`round` tells which).
     pub latency: Vec<LatencyPoint>,
     /// Points measured with a consumer reading the topic (`--consumer-at`); not in the sweep.
     #[serde(default)]
     pub consumer_points: Vec<LatencyPoint>,
+    /// Rounds of the latency phase (`--latency-runs`): the tables show medians over them.
+    #[serde(default = "one")]
+    pub latency_runs: usize,
     pub write_capacity: Option<WriteCapacity>,
     /// What TLS to Kafka costs (its throughput runs are in the scenario of its `tx_size`).
     #[serde(default)]
@@ -44,6 +49,10 @@ pub struct Scenario {
     pub tx_size: usize,
     pub events: u64,
     pub runs: Vec<RunResult>,
+}
+
+fn one() -> usize {
+    1
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -107,6 +116,9 @@ pub struct LatencyPoint {
     pub contestant: Contestant,
     pub target_rate: f64,
     pub fraction_of_ceiling: Option<f64>,
+    /// The round of the latency phase (1-based) that measured the point.
+    #[serde(default = "one")]
+    pub round: usize,
     pub achieved_rate: f64,
     pub events: u64,
     pub latency: Percentiles,
@@ -195,6 +207,7 @@ impl LatencyPoint {
             contestant: k,
             target_rate: rate,
             fraction_of_ceiling: fraction,
+            round: 1,
             achieved_rate: w.achieved_rate,
             events: w.events,
             latency: percentiles(lat),
@@ -260,7 +273,7 @@ fn mib(k: Option<u64>) -> String {
     k.map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
 }
 
-const ORDER: [Contestant; 8] = [
+pub(crate) const ORDER: [Contestant; 8] = [
     Contestant::CeilingRecvlogical,
     Contestant::CeilingBare,
     Contestant::CeilingBareTls,
