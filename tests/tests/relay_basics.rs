@@ -108,22 +108,32 @@ async fn committed_rows_arrive_exactly_and_rolled_back_rows_never() -> anyhow::R
 }
 
 /// Live transactions are read in gulps (`relay::gulp`): the relay waits for the rest of an open
-/// transaction, and after a Commit waits `relay.read_linger_ms` for the next ones. Neither may
-/// lose, split or reorder anything. Two writers commit small transactions back to back, so both
-/// pauses happen many times; with the longest linger allowed and with none.
+/// transaction and, between transactions, either gathers the ones committed within a window
+/// (the adaptive pace, the default) or waits `relay.read_linger_ms` after each Commit (the fixed
+/// pace). None may lose, split or reorder anything. Two writers commit small transactions back
+/// to back, so every pause happens many times: adaptive with its default window and with the
+/// longest allowed, fixed with the longest linger allowed and with none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_read_in_gulps_arrive_whole_and_in_order() -> anyhow::Result<()> {
-    for linger_ms in ["100", "0"] {
+    for (key, ms) in [
+        ("", ""),
+        ("OUTBOXD_RELAY_BATCH_WINDOW_MS", "100"),
+        ("OUTBOXD_RELAY_READ_LINGER_MS", "100"),
+        ("OUTBOXD_RELAY_READ_LINGER_MS", "0"),
+    ] {
+        let linger_ms = format!("{key}={ms}");
         let env = Env::start("gulps").await?;
         create_topics(&env.bootstrap(), &["outbox.event.order"], 3).await?;
-        let cfg = outboxd::Config::from_toml_and_env(
-            &env.toml(),
-            [(
-                "OUTBOXD_RELAY_READ_LINGER_MS".to_string(),
-                linger_ms.to_string(),
-            )],
-        )?;
-        assert_eq!(cfg.relay.read_linger_ms.to_string(), linger_ms);
+        let overrides = [(key.to_string(), ms.to_string())]
+            .into_iter()
+            .filter(|(k, _)| !k.is_empty());
+        let cfg = outboxd::Config::from_toml_and_env(&env.toml(), overrides)?;
+        let (window, fixed) = (cfg.relay.batch_window_ms, cfg.relay.read_linger_ms);
+        match key {
+            "" => assert_eq!((window, fixed), (4, None)),
+            "OUTBOXD_RELAY_BATCH_WINDOW_MS" => assert_eq!((window, fixed), (100, None)),
+            _ => assert_eq!(fixed.map(|f| f.to_string()), Some(ms.to_string())),
+        }
         let relay = Relay::start(cfg);
         let mut writers = Vec::new();
         for w in 0..2 {

@@ -11,7 +11,8 @@
 //! - `relay/`: one session, in data-flow order:
 //!   - `source`: SQL preflight, slot handling and the replication stream; `tls`: TLS to
 //!     Postgres for both; `gulp`: reads a live stream a transaction (under load, several) at a
-//!     time instead of one message per wake-up;
+//!     time instead of one message per wake-up, gathering only when there are others to
+//!     gather (the adaptive pace); `ack_wait`: when the session's thread takes acks;
 //!   - `pgoutput`: our decoder of Relation/Insert messages;
 //!   - `route`: outbox row → Kafka record (topic template, key, value, headers, timestamp);
 //!   - `kafka`: librdkafka (idempotent, `acks=all`), each delivery report classified once into

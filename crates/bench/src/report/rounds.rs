@@ -176,6 +176,7 @@ fn median_consumer(xs: &[&ConsumerView]) -> ConsumerView {
         latency: median_percentiles(&lat),
         read: xs.iter().map(|c| c.read).sum(),
         missing: xs.iter().map(|c| c.missing).sum(),
+        duplicates: xs.iter().map(|c| c.duplicates).sum(),
     }
 }
 

@@ -53,6 +53,7 @@ const KEYS: &[(&str, &str)] = &[
     ("relay", "takeover_after_ms"),
     ("relay", "repair_interval_ms"),
     ("relay", "read_linger_ms"),
+    ("relay", "batch_window_ms"),
     ("relay", "broker_fencing"),
     ("log", "format"),
     ("metrics", "listen"),
@@ -224,7 +225,8 @@ proptest! {
                 cfg.relay.standby_poll_ms,
                 cfg.relay.takeover_after_ms,
                 cfg.relay.repair_interval_ms,
-                cfg.relay.read_linger_ms,
+                cfg.relay.read_linger_ms.unwrap_or(0),
+                cfg.relay.batch_window_ms,
                 cfg.heartbeat.interval_ms,
                 cfg.heartbeat.stall_timeout_ms,
             ] {

@@ -265,12 +265,17 @@ pub struct RelayConfig {
     /// How often the relay looks for operator repairs of parked events.
     #[serde(default = "d_repair_ms", deserialize_with = "lenient")]
     pub repair_interval_ms: u64,
-    /// After a transaction, when nothing more has arrived, wait this long (ms) before reading
-    /// again, so transactions committed close together are read, produced and acknowledged
-    /// together (see `relay::gulp`). Costs a transaction at most this much latency, and only
-    /// when it follows the previous one that closely. 0: read each one as soon as it arrives.
-    #[serde(default = "d_read_linger_ms", deserialize_with = "lenient")]
-    pub read_linger_ms: u64,
+    /// The most a live transaction waits (ms) to be read, produced and acknowledged together
+    /// with the ones committed right after it; it waits only while transactions have lately
+    /// been committed less than this apart, so a light load is read at once (`relay::gulp`,
+    /// the adaptive pace). 0: never wait.
+    #[serde(default = "d_batch_window_ms", deserialize_with = "lenient")]
+    pub batch_window_ms: u64,
+    /// A fixed pace instead of the adaptive one: after a transaction, when nothing more has
+    /// arrived, wait this long (ms) before reading again, whatever the load. Unset: adaptive
+    /// (`batch_window_ms`).
+    #[serde(default, deserialize_with = "lenient_some")]
+    pub read_linger_ms: Option<u64>,
     /// Fence at the broker: produce in Kafka transactions under a `transactional.id` derived
     /// from the database and the slot, so the next holder's producer fences this one's at the
     /// broker and nothing a frozen holder still has queued lands after the new holder's records
@@ -289,7 +294,8 @@ impl Default for RelayConfig {
             repair_interval_ms: d_repair_ms(),
             standby_poll_ms: d_standby_ms(),
             takeover_after_ms: d_takeover_ms(),
-            read_linger_ms: d_read_linger_ms(),
+            batch_window_ms: d_batch_window_ms(),
+            read_linger_ms: None,
             broker_fencing: false,
         }
     }
@@ -396,7 +402,7 @@ fn d_repair_ms() -> u64 {
     1_000
 }
 
-fn d_read_linger_ms() -> u64 {
+fn d_batch_window_ms() -> u64 {
     4
 }
 
@@ -417,6 +423,16 @@ where
         Either::S(s) => s.parse().map_err(serde::de::Error::custom),
         Either::T(t) => Ok(t),
     }
+}
+
+/// [`lenient`] for an optional key: present means `Some`.
+pub(crate) fn lenient_some<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr + Deserialize<'de>,
+    T::Err: std::fmt::Display,
+{
+    lenient(d).map(Some)
 }
 
 impl Config {
@@ -809,21 +825,31 @@ dsn = "postgres://u@127.0.0.1:5432/app"
     }
 
     #[test]
-    fn read_linger_defaults_to_4ms_and_is_bounded() {
-        let with = |ms: &str| with_relay("read_linger_ms", ms);
+    fn the_pace_is_adaptive_by_default_and_both_knobs_are_bounded() {
         let d = Config::from_toml_and_env(BASE, Vec::<(String, String)>::new()).unwrap();
-        assert_eq!(d.relay.read_linger_ms, 4);
-        assert_eq!(with("0").unwrap().relay.read_linger_ms, 0);
-        assert_eq!(with("100").unwrap().relay.read_linger_ms, 100);
-        let e = with("101").unwrap_err().to_string();
-        assert!(
-            e.contains("relay.read_linger_ms") && e.contains("at most 100"),
-            "{e}"
+        assert_eq!((d.relay.batch_window_ms, d.relay.read_linger_ms), (4, None));
+        for key in ["read_linger_ms", "batch_window_ms"] {
+            let with = |ms: &str| with_relay(key, ms);
+            assert!(with("0").is_ok() && with("100").is_ok(), "{key}");
+            let e = with("101").unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("relay.{key}")) && e.contains("at most 100"),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            with_relay("read_linger_ms", "0")
+                .unwrap()
+                .relay
+                .read_linger_ms,
+            Some(0)
         );
         let e = Config::from_toml_and_env(BASE, env(&[("OUTBOXD_RELAY_READ_LINGER_MS", "1000")]))
             .unwrap_err()
             .to_string();
         assert!(e.contains("relay.read_linger_ms"), "{e}");
+        let w = Config::from_toml_and_env(BASE, env(&[("OUTBOXD_RELAY_BATCH_WINDOW_MS", "7")]));
+        assert_eq!(w.unwrap().relay.batch_window_ms, 7);
     }
 
     #[test]

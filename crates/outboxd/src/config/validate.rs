@@ -276,11 +276,22 @@ impl Config {
                 crate::slot::fence::MIN_TAKEOVER_MS
             )));
         }
-        if self.relay.read_linger_ms > MAX_READ_LINGER_MS {
+        if let Some(ms) = self
+            .relay
+            .read_linger_ms
+            .filter(|ms| *ms > MAX_READ_LINGER_MS)
+        {
             return Err(invalid(format!(
-                "relay.read_linger_ms = {} would stall the relay for too long at a time: use at \
-                 most {MAX_READ_LINGER_MS} (milliseconds; 0 reads every transaction at once)",
-                self.relay.read_linger_ms
+                "relay.read_linger_ms = {ms} would stall the relay for too long at a time: use at \
+                 most {MAX_READ_LINGER_MS} (milliseconds; 0 reads every transaction at once), or \
+                 leave it unset for the adaptive pace (relay.batch_window_ms)"
+            )));
+        }
+        if self.relay.batch_window_ms > MAX_READ_LINGER_MS {
+            return Err(invalid(format!(
+                "relay.batch_window_ms = {} would stall the relay for too long at a time: use at \
+                 most {MAX_READ_LINGER_MS} (milliseconds; 0 never waits)",
+                self.relay.batch_window_ms
             )));
         }
         if self.relay.repair_interval_ms == 0 {

@@ -325,6 +325,21 @@ impl Health {
     }
 }
 
+/// Zero series, so rates and alerts on them work before the first loss.
+pub fn touch_recovery_metrics() {
+    for reason in [
+        "missing",
+        "invalidated",
+        "new_system",
+        "interrupted",
+        "manual",
+    ] {
+        metrics::counter!(SLOT_LOSSES, "reason" => reason).increment(0);
+        metrics::counter!(RECOVERIES, "reason" => reason).increment(0);
+    }
+    metrics::counter!(RECOVERED_EVENTS).increment(0);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -34,6 +34,9 @@ pub struct InFlight {
     /// (`outboxd_table_events_published_total{table}`); empty with one.
     tables: Vec<Counter>,
     commit_to_ack: Histogram,
+    /// The latest acknowledgement time seen (unix µs): a transaction completed by the
+    /// acknowledgements taken so far was acknowledged by then.
+    acked_us: i64,
 }
 
 impl InFlight {
@@ -49,6 +52,7 @@ impl InFlight {
             label_idx: HashMap::new(),
             tables: Vec::new(),
             commit_to_ack: metrics::histogram!(obs::COMMIT_TO_ACK),
+            acked_us: 0,
         }
     }
 
@@ -115,9 +119,11 @@ impl InFlight {
         Ok(seq)
     }
 
-    /// The broker has the event: it counts as published.
-    pub fn delivered(&mut self, seq: Seq) {
+    /// The broker has the event (outboxd learned it at `at_us`, unix µs): it counts as
+    /// published.
+    pub fn delivered(&mut self, seq: Seq, at_us: i64) {
         self.tracker.ack(seq, true);
+        self.acked_us = self.acked_us.max(at_us);
         if let Some(l) = self.label_of(seq) {
             l.published.increment(1);
         }
@@ -225,9 +231,15 @@ impl InFlight {
             self.meta_base += 1;
         }
         let hist = &self.commit_to_ack;
-        let now_us = obs::now_us();
+        // A transaction completed by a parked event (or its Commit) counts from now.
+        let now_us = if self.acked_us > 0 {
+            self.acked_us
+        } else {
+            obs::now_us()
+        };
         self.tracker
             .drain_completed(|c| hist.record(now_us.saturating_sub(c).max(0) as f64 / 1e6));
+        self.acked_us = 0;
         while let Some(&(seq, n)) = self.sizes.front() {
             if seq >= oldest_unacked {
                 break;
@@ -252,9 +264,9 @@ mod tests {
         assert_eq!((f.events(), f.bytes()), (2, 150));
         assert_eq!(f.oldest_pending().len(), 2);
         // Out of order: b first keeps the window (from a on), its bytes and the LSN.
-        f.delivered(b);
+        f.delivered(b, 0);
         assert_eq!((f.events(), f.bytes(), f.confirmed()), (2, 150, 10));
-        f.delivered(a);
+        f.delivered(a, 0);
         assert_eq!((f.events(), f.bytes(), f.confirmed()), (0, 0, 20));
         assert!(f.oldest_pending().is_empty());
     }
@@ -293,7 +305,7 @@ mod tests {
         f.begin_at(i64::MIN).unwrap();
         let a = f.add(0, "Paid", "t", 1, &Labels::default()).unwrap();
         f.commit(1).unwrap();
-        f.delivered(a);
+        f.delivered(a, 0);
         f.begin_at(i64::MAX).unwrap();
         f.commit(2).unwrap();
         assert_eq!(f.confirmed(), 2);

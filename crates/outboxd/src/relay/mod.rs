@@ -2,6 +2,7 @@
 //! tracker → confirmer.
 
 pub(crate) mod ack;
+pub(crate) mod ack_wait;
 pub(crate) mod address;
 pub(crate) mod gulp;
 pub(crate) mod in_flight;

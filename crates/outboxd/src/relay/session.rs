@@ -83,7 +83,7 @@ pub async fn run_session_as(
     if !sender_timeout.is_zero() {
         status_interval = status_interval.min(sender_timeout / 2);
     }
-    touch_recovery_metrics();
+    crate::obs::touch_recovery_metrics();
     sql_bounded(slot_state::ensure_table(&sql)).await?;
     let identity = sql_bounded(slot_state::identity(&sql)).await?;
     let state = sql_bounded(slot_state::load(&sql, &cfg.source.slot)).await?;
@@ -230,9 +230,11 @@ pub async fn run_session_as(
         probe: Some(sql_bounded(XidProbe::take(st.sql())).await?),
     };
     let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut ack_wait = crate::relay::ack_wait::AckWait::default();
     // Tables a pattern matches that this role could not add to the publication (said once).
     let mut refused = Vec::new();
-    let mut stream = Gulp::new(&mut repl, Duration::from_millis(cfg.relay.read_linger_ms));
+    let pace = crate::relay::gulp::Pace::of(&cfg.relay);
+    let mut stream = Gulp::new(&mut repl, pace, producer.outstanding());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let result: Result<(), RelayError> = async {
@@ -252,10 +254,16 @@ pub async fn run_session_as(
                 biased;
                 _ = shutdown.changed() => return Ok(()),
                 e = holder.lost() => return Err(e),
-                Some(ack) = acks.recv() => {
+                // Caught up with the stream, acks wait for the thread to be awake
+                // (crate::relay::ack_wait) and are taken below; reading paused, each frees
+                // the window.
+                Some(ack) = acks.recv(), if !(room && stream.caught_up()) => {
                     // An ack may release the next parked event: not from a fenced instance.
                     holder.check_after_gap(cfg, st.slot_sql()).await?;
                     st.on_ack(ack, &producer).await?
+                }
+                () = ack_wait.due(), if room && stream.caught_up() && st.in_flight().events() > 0 => {
+                    holder.check_after_gap(cfg, st.slot_sql()).await?;
                 }
                 ev = stream.recv(), if room => {
                     // Events read before a freeze are not produced by a fenced instance.
@@ -299,6 +307,7 @@ pub async fn run_session_as(
             while let Ok(ack) = acks.try_recv() {
                 st.on_ack(ack, &producer).await?;
             }
+            ack_wait.looked();
             let c = st.in_flight().confirmed();
             if c > reported {
                 if st.take_advanced_by_ack() {
@@ -480,19 +489,4 @@ async fn join_up(
         shutdown,
     };
     crate::slot::join::catch_up(cfg, &mut out, start).await
-}
-
-/// Zero series, so rates and alerts on them work before the first loss.
-fn touch_recovery_metrics() {
-    for reason in [
-        "missing",
-        "invalidated",
-        "new_system",
-        "interrupted",
-        "manual",
-    ] {
-        metrics::counter!(crate::obs::SLOT_LOSSES, "reason" => reason).increment(0);
-        metrics::counter!(crate::obs::RECOVERIES, "reason" => reason).increment(0);
-    }
-    metrics::counter!(crate::obs::RECOVERED_EVENTS).increment(0);
 }

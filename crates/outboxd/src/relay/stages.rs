@@ -179,7 +179,7 @@ impl Stages {
             Origin::Stream(seq) => {
                 let before = self.in_flight.confirmed();
                 let delivered = matches!(ack.verdict, Verdict::Delivered);
-                let r = self.on_stream_ack(seq, ack.verdict).await;
+                let r = self.on_stream_ack(seq, ack.verdict, ack.at_us).await;
                 let advanced = self.in_flight.confirmed() > before;
                 self.advanced_by_ack |= advanced;
                 self.watch.on_stream_ack(delivered, advanced);
@@ -188,9 +188,14 @@ impl Stages {
         }
     }
 
-    async fn on_stream_ack(&mut self, seq: u64, verdict: Verdict) -> Result<(), RelayError> {
+    async fn on_stream_ack(
+        &mut self,
+        seq: u64,
+        verdict: Verdict,
+        at_us: i64,
+    ) -> Result<(), RelayError> {
         match verdict {
-            Verdict::Delivered => self.in_flight.delivered(seq),
+            Verdict::Delivered => self.in_flight.delivered(seq, at_us),
             Verdict::Rejected {
                 class,
                 message,

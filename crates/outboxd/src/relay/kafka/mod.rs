@@ -12,6 +12,7 @@ pub(crate) mod consumer;
 pub(crate) mod hint;
 mod log;
 pub(crate) mod oidc;
+pub(crate) mod outstanding;
 pub(crate) mod txn;
 pub(crate) mod verdict;
 
@@ -198,8 +199,8 @@ impl ProducerContext for Ctx {
             }
         };
         match &self.txn {
-            Some(t) => t.report(Ack { origin, verdict }, &self.acks),
-            None => drop(self.acks.send(Ack { origin, verdict })),
+            Some(t) => t.report(Ack::now(origin, verdict), &self.acks),
+            None => drop(self.acks.send(Ack::now(origin, verdict))),
         }
     }
 }
@@ -207,10 +208,11 @@ impl ProducerContext for Ctx {
 /// The librdkafka properties outboxd insists on or defaults, merged with the user's.
 pub fn client_config(cfg: &Config) -> ClientConfig {
     let mut cc = ClientConfig::new();
-    // Defaults the user may override. linger.ms 10 (librdkafka's is 5): half the produce
-    // requests of a live load, which is what a broker's CPU per event follows, for about 5 ms
-    // of commit→ack latency (docs/benchmarks.md, "The live path").
-    cc.set("linger.ms", "10")
+    // Defaults the user may override. linger.ms 1 (librdkafka's is 5): the relay gathers live
+    // transactions itself, and only when there are others to gather (relay::gulp); librdkafka's
+    // linger only has to cover handing such a burst over, so it goes out as one request per
+    // partition (docs/benchmarks.md, "Adaptive batching").
+    cc.set("linger.ms", "1")
         .set("message.timeout.ms", "0")
         .set("retry.backoff.ms", "100")
         .set("retry.backoff.max.ms", "2000")
@@ -432,11 +434,16 @@ impl Producer {
                         ctx.redactor.scrub(&err.to_string()),
                         parked,
                     );
-                    let _ = ctx.acks.send(Ack { origin, verdict });
+                    let _ = ctx.acks.send(Ack::now(origin, verdict));
                     return;
                 }
             }
         }
+    }
+
+    /// The records handed over and not yet reported on (the adaptive pace waits for them).
+    pub fn outstanding(&self) -> outstanding::Outstanding {
+        outstanding::Outstanding::of(self.inner.clone())
     }
 
     /// Waits up to `timeout` for outstanding deliveries (their acks arrive on the channel).

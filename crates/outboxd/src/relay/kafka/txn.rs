@@ -32,13 +32,20 @@ use tokio::sync::{mpsc, Notify, RwLock};
 /// librdkafka's `linger.ms`, the wait it applies to a batch anyway. A commit makes librdkafka
 /// send at once, so committing sooner would defeat `linger.ms`; committing later only delays
 /// the acknowledgements (measured: a fixed 1 s made commit→ack p99 1.3 s at 2.5 % load).
+/// At least [`MIN_COMMIT_AFTER`]: the default `linger.ms` (1) only covers handing a gathered
+/// burst over (`relay::gulp`), and a commit per millisecond would make every request a
+/// transaction of its own.
 fn commit_after(cfg: &Config) -> Duration {
     let linger = super::client_config(cfg)
         .get("linger.ms")
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(10.0);
-    Duration::from_secs_f64((linger / 1000.0).clamp(0.001, 60.0))
+    Duration::from_secs_f64((linger / 1000.0).clamp(0.001, 60.0)).max(MIN_COMMIT_AFTER)
 }
+
+/// The shortest time a Kafka transaction stays open under a steady load (the `linger.ms`
+/// default of the measurements in docs/benchmarks.md, "Broker fencing: what it costs").
+const MIN_COMMIT_AFTER: Duration = Duration::from_millis(10);
 /// Bound on `init_transactions` and on a commit (which waits for the transaction's records).
 const TXN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -112,8 +119,10 @@ impl Txn {
         }
         let held = std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
         let Some(e) = failed else {
+            // Acknowledged when the transaction committed, not when the broker had the record.
+            let at_us = crate::obs::now_us();
             for a in held {
-                let _ = acks.send(a);
+                let _ = acks.send(Ack { at_us, ..a });
             }
             return true;
         };
@@ -127,10 +136,7 @@ impl Txn {
                 class: code.map(policy::class_of).unwrap_or("delivery"),
                 message: message.clone(),
             };
-            let _ = acks.send(Ack {
-                origin: a.origin,
-                verdict,
-            });
+            let _ = acks.send(Ack::now(a.origin, verdict));
         }
         if let KafkaError::Transaction(t) = &e {
             if t.txn_requires_abort() {

@@ -69,6 +69,21 @@ pub enum Verdict {
 pub struct Ack {
     pub origin: Origin,
     pub verdict: Verdict,
+    /// When outboxd learned the verdict (unix µs): the commit→ack histogram is fed with this,
+    /// not with the moment the session's thread gets to the acknowledgement (it may be in a
+    /// pause of `relay::gulp` then).
+    pub at_us: i64,
+}
+
+impl Ack {
+    /// A verdict learned now.
+    pub fn now(origin: Origin, verdict: Verdict) -> Self {
+        Self {
+            origin,
+            verdict,
+            at_us: crate::obs::now_us(),
+        }
+    }
 }
 
 /// Classifies a failure: deterministic codes ([`policy::is_deterministic`]) are rejected, with
