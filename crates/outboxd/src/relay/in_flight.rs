@@ -34,9 +34,6 @@ pub struct InFlight {
     /// (`outboxd_table_events_published_total{table}`); empty with one.
     tables: Vec<Counter>,
     commit_to_ack: Histogram,
-    /// The latest acknowledgement time seen (unix µs): a transaction completed by the
-    /// acknowledgements taken so far was acknowledged by then.
-    acked_us: i64,
 }
 
 impl InFlight {
@@ -52,7 +49,6 @@ impl InFlight {
             label_idx: HashMap::new(),
             tables: Vec::new(),
             commit_to_ack: metrics::histogram!(obs::COMMIT_TO_ACK),
-            acked_us: 0,
         }
     }
 
@@ -84,7 +80,7 @@ impl InFlight {
     /// The current transaction's Commit, with its end LSN.
     pub fn commit(&mut self, end_lsn: u64) -> Result<(), ProtocolError> {
         self.tracker.commit(end_lsn)?;
-        self.release();
+        self.release(None);
         Ok(())
     }
 
@@ -123,20 +119,19 @@ impl InFlight {
     /// published.
     pub fn delivered(&mut self, seq: Seq, at_us: i64) {
         self.tracker.ack(seq, true);
-        self.acked_us = self.acked_us.max(at_us);
         if let Some(l) = self.label_of(seq) {
             l.published.increment(1);
         }
         if let Some(t) = self.table_of(seq).and_then(|t| self.tables.get(t)) {
             t.increment(1);
         }
-        self.release();
+        self.release(Some(at_us));
     }
 
     /// The event is durably parked instead: its position may be confirmed.
     pub fn parked(&mut self, seq: Seq) {
         self.tracker.ack(seq, true);
-        self.release();
+        self.release(None);
     }
 
     /// The event failed transiently: nothing from it on is confirmed in this session. Returns
@@ -224,22 +219,17 @@ impl InFlight {
     }
 
     /// Labels and bytes are released in sequence order as the acknowledged prefix grows;
-    /// completed transactions feed the commit→ack histogram.
-    fn release(&mut self) {
+    /// completed transactions feed the commit→ack histogram, as acknowledged at `acked_us` (the
+    /// acknowledgement that completed them) or, completed by a parked event or a Commit, now.
+    fn release(&mut self, acked_us: Option<i64>) {
         let oldest_unacked = self.tracker.oldest_unacked();
         while self.meta_base < oldest_unacked && self.meta.pop_front().is_some() {
             self.meta_base += 1;
         }
         let hist = &self.commit_to_ack;
-        // A transaction completed by a parked event (or its Commit) counts from now.
-        let now_us = if self.acked_us > 0 {
-            self.acked_us
-        } else {
-            obs::now_us()
-        };
+        let at_us = acked_us.unwrap_or_else(obs::now_us);
         self.tracker
-            .drain_completed(|c| hist.record(now_us.saturating_sub(c).max(0) as f64 / 1e6));
-        self.acked_us = 0;
+            .drain_completed(|c| hist.record(at_us.saturating_sub(c).max(0) as f64 / 1e6));
         while let Some(&(seq, n)) = self.sizes.front() {
             if seq >= oldest_unacked {
                 break;

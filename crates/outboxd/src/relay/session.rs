@@ -307,7 +307,10 @@ pub async fn run_session_as(
             while let Ok(ack) = acks.try_recv() {
                 st.on_ack(ack, &producer).await?;
             }
-            ack_wait.looked();
+            // Only the caught-up reader lets acks wait: no clock read per event of a backlog.
+            if stream.caught_up() {
+                ack_wait.looked();
+            }
             let c = st.in_flight().confirmed();
             if c > reported {
                 if st.take_advanced_by_ack() {

@@ -25,17 +25,11 @@ impl Outstanding {
     }
 
     /// Waits until librdkafka holds nothing (no record queued, in flight or unreported), or
-    /// `deadline`; true when it holds nothing. Looks every [`LOOK_EVERY`]: librdkafka offers no
+    /// `deadline`. Looks every [`LOOK_EVERY`]: librdkafka offers no
     /// signal for it, and a condition variable fed from the delivery reports would have to
     /// count every record handed over exactly, refusals and purges included.
-    pub fn wait_reported(&self, deadline: Instant) -> bool {
-        loop {
-            if self.0.in_flight_count() <= 0 {
-                return true;
-            }
-            if Instant::now() + LOOK_EVERY > deadline {
-                return false;
-            }
+    pub fn wait_reported(&self, deadline: Instant) {
+        while self.0.in_flight_count() > 0 && Instant::now() + LOOK_EVERY <= deadline {
             std::thread::sleep(LOOK_EVERY);
         }
     }
