@@ -71,6 +71,8 @@ pub fn find_pid_by_cmdline(needle: &str) -> Option<u32> {
 #[derive(Debug, Clone, Copy)]
 pub struct Exit {
     pub success: bool,
+    /// The signal that ended it, if one did (a reader that dies without a word was killed).
+    pub signal: Option<i32>,
     pub cpu_secs: f64,
     pub max_rss_kib: u64,
 }
@@ -79,6 +81,7 @@ fn exit_from(status: i32, ru: &libc::rusage) -> Exit {
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     Exit {
         success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
         cpu_secs: tv(ru.ru_utime) + tv(ru.ru_stime),
         max_rss_kib: ru.ru_maxrss as u64,
     }

@@ -53,6 +53,8 @@ pub struct Ctx {
     gate: log::Gate,
     /// With `relay.broker_fencing`: the open Kafka transaction (delivered acks wait for it).
     txn: Option<std::sync::Arc<txn::Txn>>,
+    /// Records accepted and not yet reported on (the adaptive pace sleeps on it).
+    outstanding: outstanding::Outstanding,
 }
 
 fn now_ms() -> u64 {
@@ -202,6 +204,7 @@ impl ProducerContext for Ctx {
             Some(t) => t.report(Ack::now(origin, verdict), &self.acks),
             None => drop(self.acks.send(Ack::now(origin, verdict))),
         }
+        self.outstanding.reported();
     }
 }
 
@@ -297,6 +300,7 @@ impl Producer {
                 refused_at_ms: std::sync::atomic::AtomicU64::new(0),
                 gate: log::Gate::default(),
                 txn: transactional_id.map(|_| Default::default()),
+                outstanding: Default::default(),
             })
             // librdkafka refuses the configuration itself: retrying cannot help.
             .map_err(|e| {
@@ -415,9 +419,12 @@ impl Producer {
                 None => None,
             };
             txn.inspect(|t| t.count(true));
+            let outstanding = &self.inner.context().outstanding;
+            outstanding.handing();
             let sent = self.inner.send(record);
             if sent.is_err() {
                 txn.inspect(|t| t.count(false));
+                outstanding.reported();
             }
             match sent {
                 Ok(()) => return,
@@ -443,7 +450,7 @@ impl Producer {
 
     /// The records handed over and not yet reported on (the adaptive pace waits for them).
     pub fn outstanding(&self) -> outstanding::Outstanding {
-        outstanding::Outstanding::of(self.inner.clone())
+        self.inner.context().outstanding.clone()
     }
 
     /// Waits up to `timeout` for outstanding deliveries (their acks arrive on the channel).
