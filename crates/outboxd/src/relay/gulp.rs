@@ -89,7 +89,7 @@ const GAP_CAP_WINDOWS: u32 = 4;
 
 /// The recent commit rate, from the commit times the stream carries (the server's clock: no
 /// skew against the relay's, and not distorted by when the relay happened to read).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Rate {
     last_commit_us: Option<i64>,
     /// Average gap between commits (µs); `None` until two have been seen.
@@ -119,6 +119,45 @@ impl Rate {
     }
 }
 
+/// The [`Rate`] of the transactions the relay is sent something of.
+#[derive(Debug, Default)]
+struct Commits {
+    rate: Rate,
+    /// The rate before the open transaction's Begin, while nothing of it has been seen: an
+    /// empty transaction (Postgres < 15 streams Begin and Commit of transactions that touch no
+    /// published table) is taken back out at its Commit, so other tables' traffic does not
+    /// make a lone outbox transaction wait a window.
+    before_begin: Option<Rate>,
+}
+
+impl Commits {
+    /// A Begin: counted at once (its gap decides whether it waits).
+    fn begin(&mut self, commit_us: i64, cap: Duration) {
+        self.before_begin = Some(self.rate);
+        self.rate.commit_at(commit_us, cap);
+    }
+
+    /// Something of the open transaction arrived: it stays counted.
+    fn change(&mut self) {
+        self.before_begin = None;
+    }
+
+    /// A Commit: an empty transaction is taken back out.
+    fn commit(&mut self) {
+        if let Some(before) = self.before_begin.take() {
+            self.rate = before;
+        }
+    }
+
+    fn busy(&self, window: Duration) -> bool {
+        self.rate.busy(window)
+    }
+
+    fn crowded(&self, window: Duration) -> bool {
+        self.rate.crowded(window)
+    }
+}
+
 /// From this many transactions per window on, the relay gathers the next window right after
 /// handling one, instead of idling until the next transaction arrives (`Gulp::settle`).
 const CROWDED: u32 = 5;
@@ -133,7 +172,7 @@ pub struct Gulp<'a> {
     outstanding: Outstanding,
     peeked: Option<Received>,
     pace: Pace,
-    rate: Rate,
+    rate: Commits,
     /// The last look found nothing decoded after a transaction (the adaptive window applies
     /// to the next one that arrives).
     quiet: bool,
@@ -158,7 +197,7 @@ impl<'a> Gulp<'a> {
             outstanding,
             peeked: None,
             pace,
-            rate: Rate::default(),
+            rate: Commits::default(),
             quiet: false,
             gathered: false,
             pauses: 0,
@@ -191,15 +230,18 @@ impl<'a> Gulp<'a> {
     }
 
     fn observe(&mut self, r: &Received) {
-        if let (
-            Pace::Adaptive { window },
+        let Pace::Adaptive { window } = self.pace else {
+            return;
+        };
+        match r {
             Ok(Some(ReplicationEvent::Begin {
                 commit_time_micros, ..
-            })),
-        ) = (self.pace, r)
-        {
-            self.rate
-                .commit_at(*commit_time_micros, window * GAP_CAP_WINDOWS);
+            })) => self
+                .rate
+                .begin(*commit_time_micros, window * GAP_CAP_WINDOWS),
+            Ok(Some(ReplicationEvent::XLogData { .. })) => self.rate.change(),
+            Ok(Some(ReplicationEvent::Commit { .. })) => self.rate.commit(),
+            _ => {}
         }
     }
 
@@ -325,6 +367,33 @@ mod tests {
         assert!(ten.busy(WINDOW) && !ten.crowded(WINDOW));
         // 25%: ~8 per window, gathered one after the other.
         assert!(rate_after(&[480; 20]).crowded(WINDOW));
+    }
+
+    #[test]
+    fn empty_transactions_do_not_count() {
+        // Postgres < 15: other tables' transactions arrive as empty Begin/Commit pairs, a
+        // thousand a second; outbox transactions once a second must not look busy.
+        let cap = WINDOW * GAP_CAP_WINDOWS;
+        let mut c = Commits::default();
+        let mut t = 1_000_000_000;
+        for i in 0..5_000 {
+            t += 1_000;
+            c.begin(t, cap);
+            if i % 1_000 == 0 {
+                c.change();
+            }
+            c.commit();
+        }
+        assert!(!c.busy(WINDOW));
+        // The same with every transaction carrying changes is busy.
+        let mut c = Commits::default();
+        for _ in 0..50 {
+            t += 1_000;
+            c.begin(t, cap);
+            c.change();
+            c.commit();
+        }
+        assert!(c.busy(WINDOW) && !c.crowded(WINDOW));
     }
 
     #[test]
