@@ -201,10 +201,12 @@ impl ProducerContext for Ctx {
             }
         };
         match &self.txn {
-            Some(t) => t.report(Ack::now(origin, verdict), &self.acks),
+            Some(t) => t.hold(Ack::now(origin, verdict), &self.acks),
             None => drop(self.acks.send(Ack::now(origin, verdict))),
         }
-        self.outstanding.reported();
+        if self.outstanding.reported() {
+            self.txn.as_deref().inspect(|t| t.all_reported());
+        }
     }
 }
 
@@ -283,6 +285,7 @@ impl Producer {
         transactional_id: Option<&str>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let outstanding = outstanding::Outstanding::default();
         let mut cc = client_config(cfg);
         if let Some(id) = transactional_id {
             cc.set("transactional.id", id);
@@ -299,8 +302,9 @@ impl Producer {
                 last_error: std::sync::Mutex::new(None),
                 refused_at_ms: std::sync::atomic::AtomicU64::new(0),
                 gate: log::Gate::default(),
-                txn: transactional_id.map(|_| Default::default()),
-                outstanding: Default::default(),
+                txn: transactional_id
+                    .map(|_| std::sync::Arc::new(txn::Txn::new(outstanding.clone()))),
+                outstanding,
             })
             // librdkafka refuses the configuration itself: retrying cannot help.
             .map_err(|e| {
@@ -418,13 +422,12 @@ impl Producer {
                 Some(t) => Some(t.enter().await),
                 None => None,
             };
-            txn.inspect(|t| t.count(true));
+            // Counted before the hand-over: its report may come before `send` returns.
             let outstanding = &self.inner.context().outstanding;
             outstanding.handing();
             let sent = self.inner.send(record);
             if sent.is_err() {
-                txn.inspect(|t| t.count(false));
-                outstanding.reported();
+                outstanding.refused();
             }
             match sent {
                 Ok(()) => return,

@@ -11,49 +11,65 @@
 //! (Asking librdkafka every 250 µs, as before, cost a wake-up of the relay's thread per look,
 //! and it looks most when the machine is shortest of CPU.) The count is exact because every
 //! record librdkafka accepts gets exactly one delivery report — delivered, failed or purged —
-//! and a record it refuses is counted back at once. Were it ever wrong, only the wait would be:
-//! it is bounded, and nothing is confirmed from this count.
+//! and a record it refuses is counted back at once. With `relay.broker_fencing` the Kafka
+//! transaction reads the same count (`txn`): a commit is due once every record handed over is
+//! reported on. Were the count ever wrong, only when a wait ends would be: both waits are
+//! bounded, and nothing is confirmed from it (acknowledgements are).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 #[derive(Default)]
 struct Count {
-    /// Accepted minus reported (may dip below zero for a moment: a report can overtake the
-    /// increment that follows a successful hand-over).
-    out: AtomicI64,
+    /// Records handed over (counted before the hand-over, so a report never comes before its
+    /// record is counted; a refused one is counted back), and the reports of them.
+    handed: AtomicU64,
+    reported: AtomicU64,
     /// Someone is (about to be) waiting: only then does a report take the lock.
     waiting: AtomicBool,
     lock: Mutex<()>,
     all_reported: Condvar,
 }
 
-/// See the module docs: shared by the producer (which counts) and the pace (which waits).
+/// See the module docs: shared by the producer (which counts), the pace and the Kafka
+/// transaction (which wait).
 #[derive(Clone, Default)]
 pub struct Outstanding(Arc<Count>);
 
 impl Outstanding {
-    /// A record is being handed to librdkafka.
+    /// A record is about to be handed to librdkafka.
     pub(super) fn handing(&self) {
-        self.0.out.fetch_add(1, SeqCst);
+        self.0.handed.fetch_add(1, SeqCst);
     }
 
-    /// A record was reported on, or refused at the hand-over.
-    pub(super) fn reported(&self) {
+    /// librdkafka refused the record at the hand-over: it will get no report.
+    pub(super) fn refused(&self) {
+        self.0.handed.fetch_sub(1, SeqCst);
+    }
+
+    /// A record was reported on. Returns whether that leaves nothing outstanding.
+    pub(super) fn reported(&self) -> bool {
         let c = &self.0;
-        if c.out.fetch_sub(1, SeqCst) <= 1 && c.waiting.load(SeqCst) {
+        let all_in = c.reported.fetch_add(1, SeqCst) + 1 >= c.handed.load(SeqCst);
+        if all_in && c.waiting.load(SeqCst) {
             // Taking the lock orders this after the waiter's check (it holds the lock from
             // its check until it sleeps), so the notification cannot fall between the two.
             drop(c.lock.lock().unwrap_or_else(|e| e.into_inner()));
             c.all_reported.notify_all();
         }
+        all_in
     }
 
-    /// How many records are out.
-    #[cfg(test)]
-    fn count(&self) -> i64 {
-        self.0.out.load(SeqCst)
+    /// Records handed over so far.
+    pub(super) fn handed(&self) -> u64 {
+        self.0.handed.load(SeqCst)
+    }
+
+    /// Is every record handed over so far reported on?
+    pub(super) fn all_reported(&self) -> bool {
+        let c = &self.0;
+        c.reported.load(SeqCst) >= c.handed.load(SeqCst)
     }
 
     /// Waits until every record handed over has been reported on, or `deadline`.
@@ -61,7 +77,7 @@ impl Outstanding {
         let c = &self.0;
         c.waiting.store(true, SeqCst);
         let mut g = c.lock.lock().unwrap_or_else(|e| e.into_inner());
-        while c.out.load(SeqCst) > 0 {
+        while !self.all_reported() {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 break;
             };
@@ -99,7 +115,7 @@ mod tests {
             std::thread::spawn(move || {
                 for _ in 0..3 {
                     std::thread::sleep(Duration::from_millis(20));
-                    o.reported();
+                    let _ = o.reported();
                 }
             })
         };
@@ -110,7 +126,7 @@ mod tests {
             "{:?}",
             start.elapsed()
         );
-        assert_eq!(o.count(), 0);
+        assert!(o.all_reported());
         reporter.join().unwrap();
     }
 
@@ -121,6 +137,6 @@ mod tests {
         let start = Instant::now();
         o.wait_reported(start + Duration::from_millis(30));
         assert!(start.elapsed() >= Duration::from_millis(30));
-        assert_eq!(o.count(), 1);
+        assert!(!o.all_reported());
     }
 }

@@ -17,6 +17,7 @@
 //! then hands the held acknowledgements to the session. Refusals are not held: the session ends
 //! (or parks) on them at once.
 
+use super::outstanding::Outstanding;
 use super::{Ack, Ctx, Producer, Verdict};
 use crate::config::Config;
 use crate::error::RelayError;
@@ -58,14 +59,12 @@ pub fn transactional_id(system_id: &str, database: &str, slot: &str) -> String {
 
 /// The open transaction's bookkeeping, shared by the sends, librdkafka's delivery callback and
 /// the committer.
-#[derive(Default)]
 pub(super) struct Txn {
     /// Sends hold it shared; a commit holds it exclusively.
     gate: Arc<RwLock<()>>,
-    /// Records handed to librdkafka (counted before the hand-over, so a report never comes
-    /// before its record is counted), the reports of them, and `sent` at the last commit.
-    sent: AtomicU64,
-    reported: AtomicU64,
+    /// The producer's count of records handed over and reported on.
+    out: Outstanding,
+    /// Records handed over at the last commit.
     committed: AtomicU64,
     /// Delivered records' acknowledgements, until their transaction commits.
     held: Mutex<Vec<Ack>>,
@@ -73,8 +72,19 @@ pub(super) struct Txn {
 }
 
 impl Txn {
-    /// librdkafka's report on one record.
-    pub(super) fn report(&self, ack: Ack, acks: &mpsc::UnboundedSender<Ack>) {
+    pub(super) fn new(out: Outstanding) -> Self {
+        Self {
+            gate: Default::default(),
+            out,
+            committed: Default::default(),
+            held: Default::default(),
+            wake: Notify::new(),
+        }
+    }
+
+    /// librdkafka's report on one record, before it is counted (`Outstanding::reported`):
+    /// a delivered record's acknowledgement waits for its transaction to commit.
+    pub(super) fn hold(&self, ack: Ack, acks: &mpsc::UnboundedSender<Ack>) {
         if matches!(ack.verdict, Verdict::Delivered) {
             self.held
                 .lock()
@@ -83,9 +93,11 @@ impl Txn {
         } else {
             let _ = acks.send(ack);
         }
-        if self.reported.fetch_add(1, SeqCst) + 1 >= self.sent.load(SeqCst) {
-            self.wake.notify_one();
-        }
+    }
+
+    /// Every record handed over is reported on: a commit may be due.
+    pub(super) fn all_reported(&self) {
+        self.wake.notify_one();
     }
 
     /// A send starts (hold the returned guard until librdkafka took or refused the record).
@@ -93,21 +105,12 @@ impl Txn {
         self.gate.read().await
     }
 
-    /// One record is about to be handed over (`true`) or was refused synchronously (`false`).
-    pub(super) fn count(&self, handing: bool) {
-        if handing {
-            self.sent.fetch_add(1, SeqCst);
-        } else {
-            self.sent.fetch_sub(1, SeqCst);
-        }
-    }
-
     /// Under the exclusive gate: commit what was sent since the last commit and open the next
     /// transaction, then release the held acknowledgements (all of committed records: nothing
     /// is sent meanwhile). A failed commit turns them into retriable failures: the session ends
     /// and the next one produces them again from the slot.
     fn settle(&self, p: &ThreadedProducer<Ctx>, acks: &mpsc::UnboundedSender<Ack>) -> bool {
-        let sent = self.sent.load(SeqCst);
+        let sent = self.out.handed();
         let mut failed = None;
         if sent != self.committed.swap(sent, SeqCst) {
             if let Err(e) = p
@@ -152,8 +155,8 @@ impl Txn {
     /// Something to commit, or held acknowledgements of committed records to hand over.
     /// `timed_out`: the transaction has been open [`commit_after`].
     fn due(&self, timed_out: bool) -> bool {
-        let (sent, committed) = (self.sent.load(SeqCst), self.committed.load(SeqCst));
-        let all_in = self.reported.load(SeqCst) >= sent;
+        let (sent, committed) = (self.out.handed(), self.committed.load(SeqCst));
+        let all_in = self.out.all_reported();
         let held = !self
             .held
             .lock()
@@ -218,7 +221,7 @@ impl Producer {
             let mut after = linger;
             loop {
                 let _ = tokio::time::timeout(after, txn.wake.notified()).await;
-                let open = txn.sent.load(SeqCst) > txn.committed.load(SeqCst);
+                let open = txn.out.handed() > txn.committed.load(SeqCst);
                 let since = match (open, opened) {
                     (false, _) => {
                         opened = None;
