@@ -55,7 +55,19 @@ async fn delivered_then_dropped(
     std::path::PathBuf,
     tokio_postgres::Client,
 )> {
-    let env = Env::start(name).await?;
+    delivered_then_dropped_in(Env::start(name).await?, first).await
+}
+
+/// [`delivered_then_dropped`] in a world the caller started.
+async fn delivered_then_dropped_in(
+    env: Env,
+    first: Vec<NewEvent>,
+) -> anyhow::Result<(
+    Env,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    tokio_postgres::Client,
+)> {
     create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
     let config = env.config_file()?;
     let log = env.dir.path().join("relay.log");
@@ -299,6 +311,69 @@ async fn gap_rows_already_deleted_halts_with_the_diagnosis() -> anyhow::Result<(
     assert!(!st.success(), "{text}");
     assert!(text.contains("no longer holds the rows"), "{text}");
     assert!(!text.contains("recovery finished"), "{text}");
+    Ok(())
+}
+
+/// A prepared transaction left behind (a two-phase coordinator that died) keeps a new slot from
+/// reaching its consistent point forever. Before: the recovery waited without a word, the gap
+/// undelivered. Now: the relay names the transaction and its fix while it waits, gives up after
+/// `source.slot_create_timeout` and retries; once the operator commits it, the recovery
+/// finishes by itself and every event arrives, the prepared one's too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_behind_a_prepared_transaction_names_it_and_finishes_once_resolved(
+) -> anyhow::Result<()> {
+    let pg = Postgres::start_with(PgOptions {
+        settings: vec![("max_prepared_transactions".into(), "4".into())],
+        ..PgOptions::default()
+    })?;
+    let env = Env::with(pg, Broker::start()?, "sl_2pc").await?;
+    let (env, _, log, mut c) = delivered_then_dropped_in(env, deposits(1..=10)).await?;
+    // (`extra_toml` lands after [relay]; the setting belongs to [source].)
+    let config = env.dir.path().join("outboxd-2pc.toml");
+    std::fs::write(
+        &config,
+        env.toml()
+            .replace("[source]\n", "[source]\nslot_create_timeout = 4\n"),
+    )?;
+    write_events(&mut c, &deposits(11..=20), false).await?;
+    // The abandoned two-phase transaction holds an outbox row of its own (version 21).
+    let tpc = env.sql().await?;
+    tpc.batch_execute("BEGIN").await?;
+    tpc.execute(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                             event_type, payload) \
+         VALUES (gen_random_uuid(), 'acct', 'a-1', 21, 'Deposited', '{\"v\": 21}')",
+        &[],
+    )
+    .await?;
+    tpc.batch_execute("PREPARE TRANSACTION 'coordinator-42'")
+        .await?;
+    drop(tpc);
+
+    let mut relay = RelayProcess::spawn(&config, log.clone())?;
+    eventually(Duration::from_secs(60), || async {
+        let text = read_log(&log);
+        Ok(text.contains("coordinator-42")
+            && text.contains("COMMIT PREPARED 'coordinator-42'")
+            && text.contains("slot_create_timeout"))
+    })
+    .await
+    .with_context(|| read_log(&log))?;
+    let (_, _, pending) = state_row(&env).await?;
+    assert!(
+        pending,
+        "the recovery's intent stays recorded while it waits"
+    );
+
+    c.batch_execute("COMMIT PREPARED 'coordinator-42'").await?;
+    env.caught_up(CAUGHT_UP).await?;
+    let recs = read_topic(&env.bootstrap(), TOPIC, 21, Duration::from_secs(60))?;
+    assert_eq!(versions_of(&recs), (1..=21).collect::<Vec<_>>());
+    assert!(relay.sigterm()?.success());
+    let text = read_log(&log);
+    assert!(text.contains("recovery finished"), "{text}");
+    let (recoveries, _, pending) = state_row(&env).await?;
+    assert_eq!((recoveries, pending), (1, false));
     Ok(())
 }
 

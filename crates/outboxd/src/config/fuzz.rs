@@ -26,6 +26,7 @@ const KEYS: &[(&str, &str)] = &[
     ("source", "sslkey"),
     ("source", "on_slot_loss"),
     ("source", "recovery_window"),
+    ("source", "slot_create_timeout"),
     ("source", "state_interval_ms"),
     ("source.columns", "preset"),
     ("source.columns", "event_id"),

@@ -190,6 +190,12 @@ pub struct SourceConfig {
     /// Seconds, or a duration such as "10m".
     #[serde(default = "d_recovery_window", deserialize_with = "duration_secs")]
     pub recovery_window: Duration,
+    /// How long the creation of a slot (a slot-loss recovery's, the first start's) may wait
+    /// for the transactions open when it began (a prepared transaction left behind waits
+    /// forever) before the session gives up naming them and retries (`slot::blockers`).
+    /// Seconds, or a duration such as "5m".
+    #[serde(default = "d_slot_create_timeout", deserialize_with = "duration_secs")]
+    pub slot_create_timeout: Duration,
     /// How often the acknowledged position and delivery mark are written to
     /// `outboxd_slot_state` (what a Postgres crash may replay is bounded by it).
     #[serde(default = "d_state_ms", deserialize_with = "lenient")]
@@ -341,6 +347,9 @@ fn d_state_ms() -> u64 {
 }
 fn d_recovery_window() -> Duration {
     Duration::from_secs(600)
+}
+fn d_slot_create_timeout() -> Duration {
+    Duration::from_secs(300)
 }
 
 /// [`duration_secs`], optional.

@@ -238,6 +238,7 @@ impl std::fmt::Debug for SourceConfig {
             .field("sslkey", &self.sslkey)
             .field("on_slot_loss", &self.on_slot_loss)
             .field("recovery_window", &self.recovery_window)
+            .field("slot_create_timeout", &self.slot_create_timeout)
             .field("state_interval_ms", &self.state_interval_ms)
             .finish()
     }

@@ -313,6 +313,15 @@ impl Config {
                  back a recovery reads the outbox)",
             ));
         }
+        if s.slot_create_timeout < Duration::from_secs(1)
+            || s.slot_create_timeout > Duration::from_secs(366 * 86_400)
+        {
+            return Err(invalid(
+                "source.slot_create_timeout must be between 1 s and a year (\"366d\"): it bounds \
+                 how long a slot's creation waits for older transactions before the session \
+                 names them and retries",
+            ));
+        }
         if s.state_interval_ms == 0 {
             return Err(invalid("source.state_interval_ms must be positive"));
         }

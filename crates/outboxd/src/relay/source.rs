@@ -187,8 +187,24 @@ pub async fn create_slot_sql(
     } else {
         "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
     };
+    // The creation occupies `sql`: what it waits for is asked on another connection.
+    let watcher;
+    let look = if host.is_separate() {
+        primary
+    } else {
+        watcher = sql_connect(cfg).await?;
+        &watcher
+    };
+    let created = crate::slot::blockers::bounded(
+        look,
+        slot,
+        "the replication slot's creation",
+        cfg.source.slot_create_timeout,
+        async { Ok(host.creating(primary, sql.execute(q, &[slot])).await) },
+    )
+    .await?;
     // Two instances may race to create it; the loser sees duplicate_object, which is fine.
-    if let Err(e) = host.creating(primary, sql.execute(q, &[slot])).await {
+    if let Err(e) = created {
         if e.code() != Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) {
             return Err(RelayError::from(e));
         }

@@ -300,7 +300,14 @@ pub async fn prepare(
         // A slot created on a standby cannot be a failover slot.
         let failover = source::server_major(sql).await? >= 17 && !host.in_recovery();
         let create = source::create_slot_exported(cfg, &mut repl, failover);
-        let (consistent, snapshot) = host.creating(sql, create).await?;
+        let (consistent, snapshot) = super::blockers::bounded(
+            sql,
+            &cfg.source.slot,
+            "the recovery's new slot",
+            cfg.source.slot_create_timeout,
+            host.creating(sql, create),
+        )
+        .await?;
         tracing::info!(slot = %cfg.source.slot, consistent_point = %source::fmt_lsn(consistent), "created replication slot with an exported snapshot");
         reader
             .batch_execute(&format!(
