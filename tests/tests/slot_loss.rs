@@ -44,30 +44,22 @@ fn versions_of(recs: &[Record]) -> Vec<i64> {
     v
 }
 
-/// A world whose relay delivered `first` (and recorded its delivery mark), stopped, and whose
-/// slot was then dropped. Returns the config file, the relay log and a SQL client.
-async fn delivered_then_dropped(
-    name: &str,
-    first: Vec<NewEvent>,
-) -> anyhow::Result<(
+/// The world, its config file, the relay log and a SQL client.
+type Dropped = (
     Env,
     std::path::PathBuf,
     std::path::PathBuf,
     tokio_postgres::Client,
-)> {
+);
+
+/// A world whose relay delivered `first` (and recorded its delivery mark), stopped, and whose
+/// slot was then dropped. Returns the config file, the relay log and a SQL client.
+async fn delivered_then_dropped(name: &str, first: Vec<NewEvent>) -> anyhow::Result<Dropped> {
     delivered_then_dropped_in(Env::start(name).await?, first).await
 }
 
 /// [`delivered_then_dropped`] in a world the caller started.
-async fn delivered_then_dropped_in(
-    env: Env,
-    first: Vec<NewEvent>,
-) -> anyhow::Result<(
-    Env,
-    std::path::PathBuf,
-    std::path::PathBuf,
-    tokio_postgres::Client,
-)> {
+async fn delivered_then_dropped_in(env: Env, first: Vec<NewEvent>) -> anyhow::Result<Dropped> {
     create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
     let config = env.config_file()?;
     let log = env.dir.path().join("relay.log");
