@@ -188,15 +188,17 @@ pub async fn create_slot_sql(
         "SELECT pg_create_logical_replication_slot($1, 'pgoutput')"
     };
     // The creation occupies `sql`: what it waits for is asked on another connection.
+    // On a standby the creation's connection is the only one to its server: not cancelled.
     let watcher;
-    let look = if host.is_separate() {
-        primary
+    let (look, cancel_on) = if host.is_separate() {
+        (primary, None)
     } else {
         watcher = sql_connect(cfg).await?;
-        &watcher
+        (&watcher, Some(&watcher))
     };
     let created = crate::slot::blockers::bounded(
         look,
+        cancel_on,
         slot,
         "the replication slot's creation",
         cfg.source.slot_create_timeout,

@@ -28,9 +28,14 @@ const CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// Runs `create` (a slot's creation on any server of this cluster) and reports what it waits
 /// for; `what` names the creation in the messages ("the recovery's new slot"). `primary` is
-/// the SQL connection to the primary (where prepared transactions are resolved).
+/// the SQL connection to the primary (where prepared transactions are resolved). `slot_server`,
+/// when given, is a free SQL connection to the server the slot is created on: past the bound
+/// the creation's backend is cancelled there, because dropping our side does not stop it (a
+/// backend waiting for a snapshot does not notice its client left), and each retry would
+/// otherwise leave one more backend waiting, until `max_connections` runs out.
 pub async fn bounded<T>(
     primary: &Client,
+    slot_server: Option<&Client>,
     slot: &str,
     what: &str,
     within: Duration,
@@ -56,6 +61,9 @@ pub async fn bounded<T>(
         };
         let named = describe(&blockers);
         if started.elapsed() >= within {
+            if let Some(server) = slot_server {
+                cancel_creation(server, slot).await;
+            }
             return Err(RelayError::Postgres(format!(
                 "{what} (slot {slot:?}) was not created within {within:?} \
                  (source.slot_create_timeout): Postgres waits until every transaction open when \
@@ -73,6 +81,15 @@ pub async fn bounded<T>(
             tracing::warn!(slot = %slot, waiting_s = started.elapsed().as_secs(), "{what} waits for transactions older than its creation: {named}");
             said = named;
         }
+    }
+}
+
+/// Cancels the backend that is creating `slot` (our own role's: no extra right needed).
+async fn cancel_creation(server: &Client, slot: &str) {
+    let q = "SELECT pg_cancel_backend(active_pid) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND active_pid IS NOT NULL AND active_pid <> pg_backend_pid()";
+    if let Err(e) = server.query(q, &[&slot]).await {
+        tracing::debug!(error = %e, slot = %slot, "the slot creation could not be cancelled");
     }
 }
 

@@ -302,6 +302,7 @@ pub async fn prepare(
         let create = source::create_slot_exported(cfg, &mut repl, failover);
         let (consistent, snapshot) = super::blockers::bounded(
             sql,
+            Some(host.sql(sql)),
             &cfg.source.slot,
             "the recovery's new slot",
             cfg.source.slot_create_timeout,
