@@ -8,8 +8,9 @@
 //! very same rows; each is then resumed in turn (the order alternates between runs) and timed
 //! until every one of its slots confirmed the end. Then each arrangement gets a paced live load
 //! on fresh slots, measured until every slot confirmed the last commit. Each table has its own
-//! topics (as services do; no two relays share a partition); every run's topics are read back:
-//! every event must be there.
+//! topics (as services do; no two relays share a partition; `--shared-topics`: one topic per
+//! arrangement, its relays appending into the same partitions); every run's topics are read
+//! back until quiet: every event must be there.
 
 pub mod fleet;
 pub mod report;
@@ -52,6 +53,11 @@ pub struct Opts {
     /// Every relay's `status_interval_ms` (bounds stopwatch overshoot).
     #[arg(long, default_value_t = 10)]
     pub status_ms: u64,
+    /// Every table of an arrangement writes to one topic (the arrangement's N relays then
+    /// append into the same partitions at once) instead of each table to its own: the shape in
+    /// which an early run once missed records (docs/benchmarks.md).
+    #[arg(long)]
+    pub shared_topics: bool,
     #[command(flatten)]
     pub out: OutOpts,
 }
@@ -100,20 +106,42 @@ pub(crate) fn in_turn<T>(r: usize, [a, b]: [T; 2]) -> [T; 2] {
     }
 }
 
-/// Table i's topic in one phase of one arrangement: each table has its own (no two relays
-/// ever share a partition).
-fn topic(n: usize, r: usize, phase: &str, mode: Mode, i: usize) -> String {
-    format!("mt.n{n}.r{r}.{phase}.{mode:?}.t{i}.{AGG_TYPE}").to_lowercase()
+/// Where one phase of one run of an arrangement writes: each table to its own topic (no two
+/// relays ever share a partition), or with `shared` every table to one.
+#[derive(Debug, Clone, Copy)]
+struct Topics {
+    n: usize,
+    r: usize,
+    phase: &'static str,
+    mode: Mode,
+    shared: bool,
 }
 
-/// Every table's topic of one phase of one arrangement.
-fn topics(n: usize, r: usize, phase: &str, mode: Mode) -> Vec<String> {
-    (1..=n).map(|i| topic(n, r, phase, mode, i)).collect()
-}
+impl Topics {
+    /// Table i's topic.
+    fn topic(self, i: usize) -> String {
+        let Topics {
+            n, r, phase, mode, ..
+        } = self;
+        let table = if self.shared {
+            "all".to_string()
+        } else {
+            format!("t{i}")
+        };
+        format!("mt.n{n}.r{r}.{phase}.{mode:?}.{table}.{AGG_TYPE}").to_lowercase()
+    }
 
-/// The topic template of table i (`[sink] topic` or its `[[source.tables]] topic`).
-fn template(n: usize, r: usize, phase: &'static str, mode: Mode) -> impl Fn(usize) -> String {
-    move |i| topic(n, r, phase, mode, i).replace(AGG_TYPE, "{aggregate_type}")
+    /// Every table's topic, each once.
+    fn all(self) -> Vec<String> {
+        let mut all: Vec<String> = (1..=self.n).map(|i| self.topic(i)).collect();
+        all.dedup();
+        all
+    }
+
+    /// The topic template of table i (`[sink] topic` or its `[[source.tables]] topic`).
+    fn template(self) -> impl Fn(usize) -> String {
+        move |i| self.topic(i).replace(AGG_TYPE, "{aggregate_type}")
+    }
 }
 
 pub async fn run(o: Opts, command: String) -> Result<TablesReport> {
@@ -144,6 +172,7 @@ pub async fn run(o: Opts, command: String) -> Result<TablesReport> {
         live_rate: o.live_rate,
         live_secs: o.live_secs,
         writers: o.writers,
+        shared_topics: o.shared_topics,
         backlog: vec![],
         live: vec![],
         finished_in_s: 0.0,
@@ -173,13 +202,18 @@ async fn backlog(
 ) -> Result<Vec<ModeRun>> {
     let tables = fleet::tables(n);
     let modes = order(r);
+    let at = |mode| Topics {
+        n,
+        r,
+        phase: "backlog",
+        mode,
+        shared: o.shared_topics,
+    };
     let mut specs = vec![];
     for mode in modes {
-        w.create_topics(&topics(n, r, "backlog", mode), o.rows.partitions)
-            .await?;
+        w.create_topics(&at(mode).all(), o.rows.partitions).await?;
         let tag = format!("mt_n{n}_r{r}");
-        let tpl = template(n, r, "backlog", mode);
-        specs.push(fleet::prepare(w, fc, n, mode, &tag, tpl).await?);
+        specs.push(fleet::prepare(w, fc, n, mode, &tag, at(mode).template()).await?);
     }
     let (warm_first, warm_lsn) = w.load_into(&tables, WARM_ROWS, o.shape()).await?;
     let mut fleets = vec![];
@@ -198,7 +232,7 @@ async fn backlog(
         let m = f.drain(w, end_lsn, o.events).await?;
         f.stop(w).await?;
         let total = o.events + WARM_ROWS as u64;
-        let v = verified(w, &topics(n, r, "backlog", mode), warm_first, total, true)?;
+        let v = verified(w, &at(mode).all(), warm_first, total, true)?;
         let run = ModeRun {
             tables: n,
             mode,
@@ -226,10 +260,17 @@ async fn live(
     mode: Mode,
 ) -> Result<ModeRun> {
     let tables = fleet::tables(n);
-    let t = topics(n, r, "live", mode);
+    let at = Topics {
+        n,
+        r,
+        phase: "live",
+        mode,
+        shared: o.shared_topics,
+    };
+    let t = at.all();
     w.create_topics(&t, o.rows.partitions).await?;
     let tag = format!("mt_n{n}_r{r}_live");
-    let specs = fleet::prepare(w, fc, n, mode, &tag, template(n, r, "live", mode)).await?;
+    let specs = fleet::prepare(w, fc, n, mode, &tag, at.template()).await?;
     let (warm_first, warm_lsn) = w.load_into(&tables, WARM_ROWS, o.shape()).await?;
     let f = Fleet::start(w, fc, &specs, warm_lsn).await?;
     let relays = f.relays();
@@ -287,4 +328,32 @@ fn line(phase: &str, r: &ModeRun) -> String {
         r.measured.wal.behind_max as f64 / 1048576.0,
         r.measured.peak_rss_kib as f64 / 1024.0,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each table has its own topic, or with `--shared-topics` every table of an arrangement
+    /// writes to one; phases, runs and arrangements never share one.
+    #[test]
+    fn topics_per_table_or_shared() {
+        let at = |mode, shared| Topics {
+            n: 3,
+            r: 1,
+            phase: "backlog",
+            mode,
+            shared,
+        };
+        let own = at(Mode::RelayPerTable, false).all();
+        assert_eq!(own.len(), 3, "{own:?}");
+        let shared = at(Mode::RelayPerTable, true).all();
+        assert_eq!(shared.len(), 1, "{shared:?}");
+        assert_ne!(shared, at(Mode::OneRelay, true).all());
+        assert!(own.iter().all(|t| !shared.contains(t)));
+        assert_eq!(
+            at(Mode::OneRelay, true).template()(2),
+            format!("mt.n3.r1.backlog.onerelay.all.{{aggregate_type}}")
+        );
+    }
 }

@@ -23,6 +23,9 @@ pub struct TablesReport {
     pub live_rate: f64,
     pub live_secs: f64,
     pub writers: usize,
+    /// Every table of an arrangement wrote to one topic (`--shared-topics`).
+    #[serde(default)]
+    pub shared_topics: bool,
     /// Drains of a backlog written before the clock started.
     pub backlog: Vec<ModeRun>,
     /// Paced live loads.
@@ -155,7 +158,7 @@ impl TablesReport {
         let _ = writeln!(
             s,
             "{}; finished in {:.0} s. Transactions of {} rows, payload ≈ {} bytes, {} \
-             aggregates per table, {} partitions, `status_interval_ms = {}`.\n",
+             aggregates per table, {} partitions{}, `status_interval_ms = {}`.\n",
             preamble(
                 &self.command,
                 &self.started_at,
@@ -167,6 +170,11 @@ impl TablesReport {
             self.payload_bytes,
             self.aggregates,
             self.partitions,
+            if self.shared_topics {
+                " (every table of an arrangement into one topic)"
+            } else {
+                " per table's topic"
+            },
             self.status_ms,
         );
         let _ = writeln!(
