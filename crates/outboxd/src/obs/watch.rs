@@ -174,6 +174,8 @@ pub struct View<'a> {
     pub slot_sql: &'a Client,
     /// The slot lives on a standby (`slot_sql` is another server than `sql`).
     pub separate: bool,
+    /// That standby was in recovery when the session started: its promotion ends the session.
+    pub in_recovery: bool,
     pub in_flight: &'a InFlight,
     pub observed: &'a obs::Observed,
 }
@@ -213,7 +215,8 @@ impl Watch {
                     self.last_event_at = now;
                 } else {
                     return Err(RelayError::Replication(format!(
-                        "no replication message for {silent:?} and the server has not heard our status                          updates either (heartbeats every {every:?}): the stream is stalled"
+                        "no replication message for {silent:?} and the server has not heard our status \
+                         updates either (heartbeats every {every:?}): the stream is stalled"
                     )));
                 }
             }
@@ -221,6 +224,9 @@ impl Watch {
                 self.next_hb = now + every;
                 self.emit_heartbeat(&v, every).await?;
             }
+        }
+        if v.in_recovery {
+            still_standby(&v).await?;
         }
         if now >= self.next_slot_poll {
             self.next_slot_poll = now + Duration::from_secs(5);
@@ -248,7 +254,11 @@ impl Watch {
         self.oldest_age = max_age;
     }
 
-    /// Does the walsender still receive our standby status updates (its `reply_time`)?
+    /// Does our walsender still receive our standby status updates (its `reply_time`)? Asked
+    /// of the server that runs it: the slot's (`slot_sql`), a standby's own
+    /// `pg_stat_replication` when the slot lives there. Asking the primary instead finds no
+    /// walsender of ours, so any silence past the stall timeout on a standby (replay paused,
+    /// `recovery_min_apply_delay`, a long filtered transaction) would end the session.
     async fn replies_reach_server(&self, v: &View<'_>) -> Result<bool, RelayError> {
         let app = format!("outboxd:{}:{}", v.slot, std::process::id());
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&app];
@@ -394,4 +404,27 @@ impl Watch {
         .await?;
         Ok(())
     }
+}
+
+/// Every tick while the slot's server was a standby when the session started: its promotion
+/// (a failover, or a DR drill while the primary runs on) ends the session, and the next one's
+/// preflight tells the two apart ([`crate::relay::slot_host::SlotHost::check`]: streams on when
+/// `source.dsn` leads to the promoted server too, refuses a diverged one). Within a tick: what
+/// the promoted server commits before the session ends could still be relayed, so it is asked
+/// every tick rather than with the slot's health.
+async fn still_standby(v: &View<'_>) -> Result<(), RelayError> {
+    let recovering: bool = v
+        .slot_sql
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await?
+        .get(0);
+    if recovering {
+        return Ok(());
+    }
+    Err(RelayError::Replication(
+        "the standby of source.replication_dsn was promoted while the session streamed from \
+         it: the session restarts, and streams on only if source.dsn leads to the promoted \
+         server too"
+            .into(),
+    ))
 }

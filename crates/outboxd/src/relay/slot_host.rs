@@ -109,7 +109,6 @@ impl SlotHost {
         let Some(sb) = &self.standby else {
             return Ok(Vec::new());
         };
-        let mut warnings = Vec::new();
         let v: String = sb.query_one("SHOW server_version_num", &[]).await?.get(0);
         let major = v.parse::<u32>().unwrap_or(0) / 10_000;
         if self.in_recovery && major < 16 {
@@ -140,6 +139,7 @@ impl SlotHost {
                     .into(),
             ));
         }
+        let mut warnings = self.follows(primary, sb).await?;
         let setting = |name: &'static str| async move {
             let v: String = sb
                 .query_one("SELECT current_setting($1)", &[&name])
@@ -166,6 +166,77 @@ impl SlotHost {
             );
         }
         Ok(warnings)
+    }
+
+    /// Whether the slot's server still follows `source.dsn`'s primary. A promoted standby keeps
+    /// the system identifier, so after a DR drill or a blue/green switch the identifiers still
+    /// match while the two servers' histories have parted: the relay would stream the diverged
+    /// server, and the primary's new events would never reach the slot. Refused, naming both
+    /// servers (host:port, never a password) and the fix:
+    /// - not in recovery: only the primary itself is right (the standby was promoted because the
+    ///   primary died, and `dsn` now leads to it too: the same postmaster answers both);
+    /// - in recovery: its WAL receiver, when streaming, must stream the primary's timeline. A
+    ///   receiver that is not streaming only delays events (a warning), and a role that may not
+    ///   see the receiver's status gets a warning naming the grant.
+    async fn follows(&self, primary: &Client, sb: &Client) -> Result<Vec<String>, RelayError> {
+        const SERVER: &str = "SELECT coalesce(host(inet_server_addr()), 'local socket') || ':' \
+                              || current_setting('port'), pg_postmaster_start_time()::text, \
+                              CASE WHEN pg_is_in_recovery() THEN NULL ELSE \
+                                ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)) \
+                                ::bit(32)::int END";
+        let p = primary.query_one(SERVER, &[]).await?;
+        let s = sb.query_one(SERVER, &[]).await?;
+        let (here, there): (String, String) = (p.get(0), s.get(0));
+        let primary_tli: Option<i32> = p.get(2);
+        if !self.in_recovery {
+            if p.get::<_, String>(1) == s.get::<_, String>(1) && primary_tli.is_some() {
+                return Ok(Vec::new());
+            }
+            return Err(RelayError::Setup(format!(
+                "source.replication_dsn ({there}) no longer follows source.dsn ({here}): it is \
+                 out of recovery (promoted: a DR drill, a switchover) and another server than \
+                 the primary, so its history has parted from the primary's; streaming its slot \
+                 would relay what is written there and never the primary's new events. Fix: if \
+                 {there} is the primary now, point source.dsn at it too (the slot streams on); \
+                 otherwise rebuild {there} as a standby of {here} (pg_basebackup, or pg_rewind) \
+                 and start outboxd again (its slot is gone there: the relay republishes the gap \
+                 from the outbox table, source.on_slot_loss), or unset source.replication_dsn to \
+                 decode on the primary"
+            )));
+        }
+        let receiver = sb
+            .query_opt("SELECT status, received_tli FROM pg_stat_wal_receiver", &[])
+            .await?;
+        let (status, tli): (Option<String>, Option<i32>) = match &receiver {
+            Some(r) => (r.get(0), r.get(1)),
+            None => (None, None),
+        };
+        match (receiver.is_some(), status.as_deref(), tli, primary_tli) {
+            (true, Some("streaming"), Some(t), Some(p)) if t != p => {
+                Err(RelayError::Setup(format!(
+                "source.replication_dsn ({there}) does not follow source.dsn ({here}): its WAL \
+                 receiver streams timeline {t}, the primary writes timeline {p}, so it replays \
+                 another server's history (a standby of a promoted server) and the primary's new \
+                 events would never reach its slot. Fix: point its primary_conninfo at {here} \
+                 (with recovery_target_timeline = 'latest'), or set source.replication_dsn to a \
+                 standby that follows {here}, or unset it to decode on the primary"
+            )))
+            }
+            (true, Some("streaming"), _, _) => Ok(Vec::new()),
+            (true, None, _, _) => Ok(vec![format!(
+                "cannot see whether the standby of source.replication_dsn ({there}) streams from \
+                 source.dsn ({here}): pg_stat_wal_receiver shows its status only to superusers \
+                 and members of pg_read_all_stats; GRANT pg_read_all_stats TO the relay's role \
+                 there, so outboxd can refuse a standby that follows another server"
+            )]),
+            (_, status, _, _) => Ok(vec![format!(
+                "the standby of source.replication_dsn ({there}) is in recovery but its WAL \
+                 receiver is not streaming ({}): it replays nothing new from source.dsn \
+                 ({here}), so events wait there (none is lost) until it streams again; check its \
+                 primary_conninfo, the primary's pg_hba.conf and primary_slot_name",
+                status.map_or("no WAL receiver".to_string(), |s| format!("status {s}"))
+            )]),
+        }
     }
 
     /// A slot created on a standby is safe from the primary's vacuum only once the standby's

