@@ -117,6 +117,28 @@ impl World {
         .with_context(|| read_log(&self.log))
     }
 
+    /// Pauses (or resumes) replay on the standby; a pause is in effect when this returns.
+    async fn replay_paused(&self, paused: bool) -> Result<()> {
+        let s = self.standby_sql().await?;
+        let f = if paused {
+            "pg_wal_replay_pause"
+        } else {
+            "pg_wal_replay_resume"
+        };
+        s.batch_execute(&format!("SELECT {f}()")).await?;
+        if paused {
+            eventually(Duration::from_secs(10), || async {
+                let st: String = s
+                    .query_one("SELECT pg_get_wal_replay_pause_state()", &[])
+                    .await?
+                    .get(0);
+                Ok(st == "paused")
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     /// A relay process delivers `a-1` 1..=n; returns it once the standby's slot caught up.
     async fn relay_delivering(&self, n: i64) -> Result<RelayProcess> {
         let relay = RelayProcess::spawn(&self.config, self.log.clone())?;
@@ -172,5 +194,31 @@ async fn a_standby_promoted_while_the_primary_runs_is_refused() -> Result<()> {
     let out = check_fails_naming(&w.config, "no longer follows source.dsn");
     assert!(out.contains(&primary) && out.contains(&standby), "{out}");
     assert!(!out.contains(PG_PASSWORD), "{out}");
+    Ok(())
+}
+
+/// Replay paused on the standby (a query conflict, `recovery_min_apply_delay`, an operator)
+/// for four times the stall timeout: the walsender there decodes and sends nothing meanwhile,
+/// but it hears our status updates, so the session goes on; once replay resumes, what was
+/// written meanwhile arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_paused_on_the_standby_is_no_stall() -> Result<()> {
+    let w = world("sbstall", "", "stall_timeout_ms = 2000").await?;
+    let mut relay = w.relay_delivering(10).await?;
+    w.replay_paused(true).await?;
+    let mut c = w.env.sql().await?;
+    write_events(&mut c, &deposits("a-1", 11..=20), false).await?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let log = read_log(&w.log);
+    assert!(!log.contains("stalled"), "{log}");
+    assert!(!log.contains("session failed"), "{log}");
+    w.replay_paused(false).await?;
+    let recs = read_topic(&w.env.bootstrap(), TOPIC, 20, Duration::from_secs(60))
+        .with_context(|| read_log(&w.log))?;
+    assert_eq!(recs.len(), 20, "{}", read_log(&w.log));
+    w.caught_up().await?;
+    let log = read_log(&w.log);
+    assert_eq!(log.matches("relay::session: streaming").count(), 1, "{log}");
+    relay.sigterm()?;
     Ok(())
 }

@@ -262,7 +262,7 @@ impl Watch {
     async fn replies_reach_server(&self, v: &View<'_>) -> Result<bool, RelayError> {
         let app = format!("outboxd:{}:{}", v.slot, std::process::id());
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&app];
-        let q = v.sql.query_opt(
+        let q = v.slot_sql.query_opt(
             "SELECT extract(epoch FROM now() - reply_time)::float8 FROM pg_stat_replication \
              WHERE application_name = $1",
             &params,
