@@ -117,6 +117,20 @@ impl World {
         .with_context(|| read_log(&self.log))
     }
 
+    /// Waits until the standby replayed everything the primary wrote before the call.
+    async fn replayed(&self) -> Result<()> {
+        let target = self.env.current_lsn().await?;
+        let s = self.standby_sql().await?;
+        eventually(Duration::from_secs(30), || async {
+            let r: i64 = s
+                .query_one("SELECT (pg_last_wal_replay_lsn() - '0/0')::bigint", &[])
+                .await?
+                .get(0);
+            Ok(r as u64 >= target)
+        })
+        .await
+    }
+
     /// Pauses (or resumes) replay on the standby; a pause is in effect when this returns.
     async fn replay_paused(&self, paused: bool) -> Result<()> {
         let s = self.standby_sql().await?;
@@ -219,6 +233,76 @@ async fn replay_paused_on_the_standby_is_no_stall() -> Result<()> {
     w.caught_up().await?;
     let log = read_log(&w.log);
     assert_eq!(log.matches("relay::session: streaming").count(), 1, "{log}");
+    relay.sigterm()?;
+    Ok(())
+}
+
+/// An event parked on the primary while the standby has not replayed the parked row (replay
+/// paused after it decoded the event): the standby's slot stays before the event until replay
+/// resumes. Otherwise a promotion of the standby in that window would leave the event neither
+/// on the topic nor in `outbox_parked`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_event_is_not_confirmed_before_the_standby_replayed_its_row() -> Result<()> {
+    let schemas = outboxd_tests::testkit::tempdir("sbpark-schemas")?;
+    std::fs::create_dir_all(schemas.path().join("Deposited"))?;
+    std::fs::write(
+        schemas.path().join("Deposited/1.json"),
+        r#"{"type": "object", "required": ["amount"], "properties": {"amount": {"type": "integer", "minimum": 1}}}"#,
+    )?;
+    let validation = format!(
+        "[validation]\nschema_dir = \"{}\"\n",
+        schemas.path().display()
+    );
+    let w = world("sbpark", &validation, "").await?;
+    let mut relay = w.relay_delivering(5).await?;
+    relay.sigterm()?;
+    // The poison event is on the standby (decodable there) before replay stops; the row that
+    // parks it, written on the primary once a relay reads the event, is not.
+    let mut c = w.env.sql().await?;
+    let poison = NewEvent::new(
+        "acct",
+        "a-2",
+        1,
+        "Deposited",
+        serde_json::json!({"amount": -5}),
+    );
+    let before = write_events_returning_lsn(&mut c, std::slice::from_ref(&poison)).await?;
+    w.replayed().await?;
+    w.replay_paused(true).await?;
+    let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
+    let id = poison.event_id.to_string();
+    eventually(Duration::from_secs(30), || async {
+        let n: i64 = c
+            .query_one(
+                "SELECT count(*) FROM outbox_parked WHERE event_id::text = $1",
+                &[&id],
+            )
+            .await?
+            .get(0);
+        Ok(n == 1)
+    })
+    .await
+    .with_context(|| read_log(&w.log))?;
+    // Several status intervals (200 ms) and ticks later: still before the event.
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let confirmed = w.standby_confirmed().await?;
+        ensure!(
+            confirmed <= before,
+            "the standby's slot confirmed {confirmed:X}, past the parked event (before it: \
+             {before:X}), while the standby has not replayed its parked row: {}",
+            read_log(&w.log)
+        );
+    }
+    w.replay_paused(false).await?;
+    eventually(Duration::from_secs(30), || async {
+        Ok(w.standby_confirmed().await? > before)
+    })
+    .await
+    .with_context(|| read_log(&w.log))?;
+    let log = read_log(&w.log);
+    assert!(log.contains("event parked"), "{log}");
+    assert!(!log.contains("session failed"), "{log}");
     relay.sigterm()?;
     Ok(())
 }

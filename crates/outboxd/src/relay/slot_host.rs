@@ -343,3 +343,86 @@ pub async fn replay_lag(primary: &Client, host: &SlotHost) -> Result<Option<i64>
         .await?
         .get(0))
 }
+
+/// Parked and held rows the standby has not replayed yet. A park or hold is written on the
+/// primary, while the event's position is confirmed on the standby's slot: if the primary died
+/// before the standby replayed the row and the standby were promoted, the slot would be past
+/// the event and neither the topic nor `outbox_parked` would hold it. So after each such write
+/// the fence records the primary's WAL insert position (the row's commit lies before it) and
+/// the position confirmable at that moment (before the event: its acknowledgement, or its
+/// transaction's Commit, comes later), and nothing is confirmed past that until the standby's
+/// `pg_last_wal_replay_lsn()` reached the row. Only while the slot's server is a standby: on one
+/// server, the row and the slot share the WAL.
+#[derive(Debug, Default)]
+pub struct ReplayFence {
+    /// (confirmable when the row was written, the primary's insert position after it), in
+    /// write order: both only grow.
+    pending: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl ReplayFence {
+    /// A park or hold row was just written on `primary`, while `confirmable` was the position
+    /// safe to confirm (before its event).
+    pub async fn written(
+        &mut self,
+        primary: &Client,
+        host: &SlotHost,
+        confirmable: u64,
+    ) -> Result<(), RelayError> {
+        if !host.in_recovery() {
+            return Ok(());
+        }
+        let at: String = primary
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await?
+            .get(0);
+        let at = crate::relay::lsn::parse_lsn(&at)?;
+        self.pending.push_back((confirmable, at));
+        Ok(())
+    }
+
+    /// `confirmed`, held back before the oldest row the standby has not replayed.
+    pub fn cap(&self, confirmed: u64) -> u64 {
+        self.pending
+            .front()
+            .map_or(confirmed, |&(before, _)| confirmed.min(before))
+    }
+
+    /// Releases the rows the standby has replayed by now (asked of it while any is pending).
+    pub async fn refresh(&mut self, primary: &Client, host: &SlotHost) -> Result<(), RelayError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let replayed: Option<String> = host
+            .sql(primary)
+            .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
+            .await?
+            .get(0);
+        let replayed = replayed
+            .as_deref()
+            .map(crate::relay::lsn::parse_lsn)
+            .transpose()?
+            .unwrap_or(0);
+        while self.pending.front().is_some_and(|&(_, at)| at <= replayed) {
+            self.pending.pop_front();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReplayFence;
+
+    #[test]
+    fn the_fence_holds_the_confirm_before_the_oldest_unreplayed_row() {
+        let mut f = ReplayFence::default();
+        assert_eq!(f.cap(100), 100);
+        f.pending.push_back((40, 200));
+        f.pending.push_back((60, 300));
+        assert_eq!(f.cap(100), 40);
+        assert_eq!(f.cap(30), 30);
+        f.pending.pop_front();
+        assert_eq!(f.cap(100), 60);
+    }
+}
