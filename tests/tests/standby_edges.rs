@@ -15,7 +15,7 @@
 
 use anyhow::{ensure, Context, Result};
 use outboxd_tests::reliability::read_log;
-use outboxd_tests::testkit::{Broker, Postgres, StandbyOptions, PG_PASSWORD};
+use outboxd_tests::testkit::{Broker, PgOptions, Postgres, StandbyOptions, PG_PASSWORD};
 use outboxd_tests::*;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -40,14 +40,36 @@ fn deposits(agg: &str, versions: std::ops::RangeInclusive<i64>) -> Vec<NewEvent>
 /// and a config file whose stream and slot live on the standby; `init` has run.
 struct World {
     env: Env,
+    /// The slot's server: the primary's standby, or with [`cascaded`] that standby's standby.
     standby: Postgres,
+    /// With [`cascaded`]: the standby between the primary and the slot's server.
+    upstream: Option<Postgres>,
     config: PathBuf,
     log: PathBuf,
 }
 
 /// `extra` lands in `[relay]` unless it opens its own section; `heartbeat` in `[heartbeat]`.
 async fn world(name: &str, extra: &str, heartbeat: &str) -> Result<World> {
-    let mut env = Env::with(Postgres::start_version(17)?, Broker::start()?, name).await?;
+    world_with(name, extra, heartbeat, false).await
+}
+
+/// The slot on a cascading standby: primary → upstream standby → the slot's standby.
+async fn cascaded(name: &str) -> Result<World> {
+    world_with(name, "", "", true).await
+}
+
+async fn world_with(name: &str, extra: &str, heartbeat: &str, cascade: bool) -> Result<World> {
+    // A base backup taken on a standby needs full-page writes since its last restartpoint
+    // (the testkit turns them off for speed).
+    let pg = Postgres::start_with(PgOptions {
+        version: Some(17),
+        settings: match cascade {
+            true => vec![("full_page_writes".into(), "on".into())],
+            false => vec![],
+        },
+        ..Default::default()
+    })?;
+    let mut env = Env::with(pg, Broker::start()?, name).await?;
     env.drop_slot().await?;
     env.sql()
         .await?
@@ -64,6 +86,30 @@ async fn world(name: &str, extra: &str, heartbeat: &str) -> Result<World> {
             settings: vec![("hot_standby_feedback".into(), "on".into())],
         })
         .await?;
+    let (standby, upstream) = match cascade {
+        false => (standby, None),
+        true => {
+            env.sql().await?.batch_execute("CHECKPOINT").await?;
+            let a = standby.connect("postgres").await?;
+            let target = env.current_lsn().await?;
+            eventually(Duration::from_secs(30), || async {
+                let r: i64 = a
+                    .query_one("SELECT (pg_last_wal_replay_lsn() - '0/0')::bigint", &[])
+                    .await?
+                    .get(0);
+                Ok(r as u64 >= target)
+            })
+            .await?;
+            a.batch_execute("CHECKPOINT").await?;
+            let next = standby
+                .start_standby(StandbyOptions {
+                    slot: Some(format!("casc_{name}")),
+                    settings: vec![("hot_standby_feedback".into(), "on".into())],
+                })
+                .await?;
+            (next, Some(standby))
+        }
+    };
     env.slot = format!("sb_{name}");
     let standby_dsn = format!(
         "host=127.0.0.1 port={} user=postgres password={PG_PASSWORD} dbname={}",
@@ -83,6 +129,7 @@ async fn world(name: &str, extra: &str, heartbeat: &str) -> Result<World> {
     Ok(World {
         env,
         standby,
+        upstream,
         config,
         log,
     })
@@ -304,5 +351,53 @@ async fn a_parked_event_is_not_confirmed_before_the_standby_replayed_its_row() -
     assert!(log.contains("event parked"), "{log}");
     assert!(!log.contains("session failed"), "{log}");
     relay.sigterm()?;
+    Ok(())
+}
+
+/// The slot on a cascading standby (primary → A → B); A is promoted while the primary runs on.
+/// B stays in recovery but follows A's new timeline: its slot would decode A's diverged
+/// history. The relay stops, naming both servers and the timelines, and `check` refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_following_a_promoted_server_is_refused() -> Result<()> {
+    let w = cascaded("sbcas").await?;
+    let mut relay = w.relay_delivering(20).await?;
+    let upstream = w.upstream.as_ref().context("no upstream")?;
+    upstream.promote().await?;
+    let mut c = w.env.sql().await?;
+    write_events(&mut c, &deposits("a-1", 21..=30), false).await?;
+    // B follows A onto its new timeline (its WAL receiver reconnects within seconds); the
+    // drill's writes on A come after.
+    let s = w.standby_sql().await?;
+    eventually(Duration::from_secs(60), || async {
+        let r = s
+            .query_opt("SELECT received_tli FROM pg_stat_wal_receiver", &[])
+            .await?;
+        Ok(r.and_then(|r| r.get::<_, Option<i32>>(0)) == Some(2))
+    })
+    .await
+    .context("the cascading standby did not follow its promoted upstream")?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (mut d, conn) =
+        tokio_postgres::connect(&upstream.dsn(&w.env.db), tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    write_events(&mut d, &deposits("diverged", 1..=10), false).await?;
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .with_context(|| read_log(&w.log))?;
+    let log = read_log(&w.log);
+    assert!(!status.success(), "{log}");
+    let primary = format!("127.0.0.1:{}", w.env.pg.port);
+    let standby = format!("127.0.0.1:{}", w.standby.port);
+    assert!(log.contains("does not follow source.dsn"), "{log}");
+    assert!(log.contains("streams timeline 2"), "{log}");
+    assert!(log.contains(&primary) && log.contains(&standby), "{log}");
+    assert!(!log.contains(PG_PASSWORD), "{log}");
+    let recs = read_topic(&w.env.bootstrap(), TOPIC, 20, Duration::from_secs(10))?;
+    assert!(
+        recs.iter().all(|r| r.header("aggregate_id") != "diverged"),
+        "the diverged history was streamed: {log}"
+    );
+    let out = check_fails_naming(&w.config, "does not follow source.dsn");
+    assert!(out.contains("primary_conninfo"), "{out}");
     Ok(())
 }

@@ -174,8 +174,8 @@ pub struct View<'a> {
     pub slot_sql: &'a Client,
     /// The slot lives on a standby (`slot_sql` is another server than `sql`).
     pub separate: bool,
-    /// That standby was in recovery when the session started: its promotion ends the session.
-    pub in_recovery: bool,
+    /// Where the slot lives: a standby that stops following the primary ends the session.
+    pub host: &'a crate::relay::slot_host::SlotHost,
     pub in_flight: &'a InFlight,
     pub observed: &'a obs::Observed,
 }
@@ -225,9 +225,7 @@ impl Watch {
                 self.emit_heartbeat(&v, every).await?;
             }
         }
-        if v.in_recovery {
-            still_standby(&v).await?;
-        }
+        v.host.still_follows(v.sql).await?;
         if now >= self.next_slot_poll {
             self.next_slot_poll = now + Duration::from_secs(5);
             self.slot_health(&v).await?;
@@ -404,27 +402,4 @@ impl Watch {
         .await?;
         Ok(())
     }
-}
-
-/// Every tick while the slot's server was a standby when the session started: its promotion
-/// (a failover, or a DR drill while the primary runs on) ends the session, and the next one's
-/// preflight tells the two apart ([`crate::relay::slot_host::SlotHost::check`]: streams on when
-/// `source.dsn` leads to the promoted server too, refuses a diverged one). Within a tick: what
-/// the promoted server commits before the session ends could still be relayed, so it is asked
-/// every tick rather than with the slot's health.
-async fn still_standby(v: &View<'_>) -> Result<(), RelayError> {
-    let recovering: bool = v
-        .slot_sql
-        .query_one("SELECT pg_is_in_recovery()", &[])
-        .await?
-        .get(0);
-    if recovering {
-        return Ok(());
-    }
-    Err(RelayError::Replication(
-        "the standby of source.replication_dsn was promoted while the session streamed from \
-         it: the session restarts, and streams on only if source.dsn leads to the promoted \
-         server too"
-            .into(),
-    ))
 }

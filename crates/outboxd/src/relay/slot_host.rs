@@ -35,6 +35,9 @@ pub struct SlotHost {
     /// The slot's server was in recovery when connected: a slot created there cannot be a
     /// failover slot, and creating one waits for the primary's next running-transactions record.
     in_recovery: bool,
+    /// The timeline its WAL receiver received when connected (`None`: no receiver, or a role
+    /// that may not see it): a change under a session means it follows another server now.
+    receiver_tli: Option<i32>,
 }
 
 impl SlotHost {
@@ -43,6 +46,7 @@ impl SlotHost {
         Self {
             standby: None,
             in_recovery: false,
+            receiver_tli: None,
         }
     }
 
@@ -52,13 +56,11 @@ impl SlotHost {
             return Ok(Self::primary());
         };
         let client = crate::relay::address::sql_connect_to(cfg, dsn).await?;
-        let in_recovery = client
-            .query_one("SELECT pg_is_in_recovery()", &[])
-            .await?
-            .get(0);
+        let row = client.query_one(STILL_STANDBY, &[]).await?;
         Ok(Self {
             standby: Some(client),
-            in_recovery,
+            in_recovery: row.get(0),
+            receiver_tli: row.get(1),
         })
     }
 
@@ -75,6 +77,32 @@ impl SlotHost {
     /// Whether the slot's server is a standby now (not yet promoted).
     pub fn in_recovery(&self) -> bool {
         self.in_recovery
+    }
+
+    /// Whether the slot's server, a standby when connected, still is one following the same
+    /// timeline: a promotion (a failover, or a DR drill while the primary runs on) or a switch
+    /// of its WAL receiver to another timeline (its upstream promoted) ends the session, and
+    /// the next one's preflight tells a failover from divergence ([`SlotHost::check`]). Asked
+    /// every tick: what the diverged server commits before the session ends could still be
+    /// relayed, so the window is kept to a tick.
+    pub async fn still_follows(&self, primary: &Client) -> Result<(), RelayError> {
+        if !self.in_recovery {
+            return Ok(());
+        }
+        let row = self.sql(primary).query_one(STILL_STANDBY, &[]).await?;
+        let (recovering, tli): (bool, Option<i32>) = (row.get(0), row.get(1));
+        let what = match (recovering, tli, self.receiver_tli) {
+            (false, _, _) => "was promoted".to_string(),
+            (true, Some(now), Some(then)) if now != then => {
+                format!("switched from timeline {then} to {now} (its upstream was promoted)")
+            }
+            _ => return Ok(()),
+        };
+        Err(RelayError::Replication(format!(
+            "the standby of source.replication_dsn {what} while the session streamed from it: \
+             the session restarts, and streams on only if that standby still follows \
+             source.dsn (or is source.dsn's server now)"
+        )))
     }
 
     /// Whether walsender `pid` holds `slot` now, asked of the slot's server. Only for the
@@ -323,6 +351,11 @@ impl SlotHost {
         }
     }
 }
+
+/// Whether a server is in recovery, and the timeline its WAL receiver received (NULL without a
+/// receiver, or for a role that may not see it: pg_read_all_stats).
+const STILL_STANDBY: &str =
+    "SELECT pg_is_in_recovery(), (SELECT received_tli FROM pg_stat_wal_receiver)";
 
 /// Bytes the standby of `host` has still to replay (the primary's WAL end minus its replay
 /// position); `None` when the slot lives on the primary or the standby was promoted.

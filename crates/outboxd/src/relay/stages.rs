@@ -165,7 +165,7 @@ impl Stages {
             sql: &self.sql,
             slot_sql: self.host.sql(&self.sql),
             separate: self.host.is_separate(),
-            in_recovery: self.host.in_recovery(),
+            host: &self.host,
             in_flight: &self.in_flight,
             observed: &self.observed,
         };
