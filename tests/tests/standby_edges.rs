@@ -1,7 +1,8 @@
 //! Decoding on a standby (R45) at its edges (issue 39), on the version matrix's Postgres 17:
 //! - **divergence**: the standby holding the slot is promoted while the primary runs on (a DR
 //!   drill): the relay refuses to stream the diverged server, naming both servers and the fix,
-//!   and `outboxd check` says why;
+//!   and `outboxd check` says why; so does a cascading standby that follows its promoted
+//!   upstream (still in recovery, on another timeline than the primary's);
 //! - **stall check**: replay paused on the standby for longer than the stall timeout (the
 //!   walsender there sends nothing meanwhile) does not end the session: the check asks the
 //!   server that runs our walsender whether our status updates reach it;
