@@ -8,7 +8,8 @@
 //!   server that runs our walsender whether our status updates reach it;
 //! - **parked events**: an event parked on the primary is not confirmed past on the standby's
 //!   slot until the standby replayed the parked row (else a promotion before that replay would
-//!   leave the event neither on the topic nor in `outbox_parked`).
+//!   leave the event neither on the topic nor in `outbox_parked`); and that promotion itself,
+//!   the standby's WAL feed cut before the parked row: the event is parked on the promoted server.
 //!
 //! The setup is `standby_decoding.rs`'s: a primary with a physical standby
 //! (`hot_standby_feedback = on`), the slot and the stream on the standby, outboxd's tables and
@@ -16,7 +17,9 @@
 
 use anyhow::{ensure, Context, Result};
 use outboxd_tests::reliability::read_log;
-use outboxd_tests::testkit::{Broker, PgOptions, Postgres, StandbyOptions, PG_PASSWORD};
+use outboxd_tests::testkit::{
+    Broker, Mode, PgOptions, Postgres, Proxy, StandbyOptions, PG_PASSWORD,
+};
 use outboxd_tests::*;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -45,21 +48,39 @@ struct World {
     standby: Postgres,
     /// With [`cascaded`]: the standby between the primary and the slot's server.
     upstream: Option<Postgres>,
+    /// With [`fed_through_a_proxy`]: what carries the primary's WAL to the standby.
+    feed: Option<Proxy>,
     config: PathBuf,
     log: PathBuf,
 }
 
+/// How the slot's standby gets the primary's WAL.
+#[derive(Clone, Copy, PartialEq)]
+enum Feed {
+    Direct,
+    /// primary → upstream standby → the slot's standby.
+    Cascade,
+    /// Through a TCP proxy the test can cut.
+    Proxied,
+}
+
 /// `extra` lands in `[relay]` unless it opens its own section; `heartbeat` in `[heartbeat]`.
 async fn world(name: &str, extra: &str, heartbeat: &str) -> Result<World> {
-    world_with(name, extra, heartbeat, false).await
+    world_with(name, extra, heartbeat, Feed::Direct).await
 }
 
 /// The slot on a cascading standby: primary → upstream standby → the slot's standby.
 async fn cascaded(name: &str) -> Result<World> {
-    world_with(name, "", "", true).await
+    world_with(name, "", "", Feed::Cascade).await
 }
 
-async fn world_with(name: &str, extra: &str, heartbeat: &str, cascade: bool) -> Result<World> {
+/// The standby streams the primary's WAL through a proxy ([`World::feed`]).
+async fn fed_through_a_proxy(name: &str, extra: &str) -> Result<World> {
+    world_with(name, extra, "", Feed::Proxied).await
+}
+
+async fn world_with(name: &str, extra: &str, heartbeat: &str, feed: Feed) -> Result<World> {
+    let cascade = feed == Feed::Cascade;
     // A base backup taken on a standby needs full-page writes since its last restartpoint
     // (the testkit turns them off for speed).
     let pg = Postgres::start_with(PgOptions {
@@ -80,11 +101,27 @@ async fn world_with(name: &str, extra: &str, heartbeat: &str, cascade: bool) -> 
         )
         .await?;
     create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
+    let mut settings = vec![("hot_standby_feedback".into(), "on".into())];
+    let proxy = match feed {
+        Feed::Proxied => {
+            let p = Proxy::start(0, format!("127.0.0.1:{}", env.pg.port).parse()?)?;
+            settings.push((
+                "primary_conninfo".into(),
+                format!(
+                    "host=127.0.0.1 port={} user=postgres password={PG_PASSWORD} \
+                     dbname=postgres application_name=testkit_standby",
+                    p.port
+                ),
+            ));
+            Some(p)
+        }
+        _ => None,
+    };
     let standby = env
         .pg
         .start_standby(StandbyOptions {
             slot: Some(format!("phys_{name}")),
-            settings: vec![("hot_standby_feedback".into(), "on".into())],
+            settings,
         })
         .await?;
     let (standby, upstream) = match cascade {
@@ -92,15 +129,7 @@ async fn world_with(name: &str, extra: &str, heartbeat: &str, cascade: bool) -> 
         true => {
             env.sql().await?.batch_execute("CHECKPOINT").await?;
             let a = standby.connect("postgres").await?;
-            let target = env.current_lsn().await?;
-            eventually(Duration::from_secs(30), || async {
-                let r: i64 = a
-                    .query_one("SELECT (pg_last_wal_replay_lsn() - '0/0')::bigint", &[])
-                    .await?
-                    .get(0);
-                Ok(r as u64 >= target)
-            })
-            .await?;
+            replayed_to(&a, env.current_lsn().await?).await?;
             a.batch_execute("CHECKPOINT").await?;
             let next = standby
                 .start_standby(StandbyOptions {
@@ -131,9 +160,34 @@ async fn world_with(name: &str, extra: &str, heartbeat: &str, cascade: bool) -> 
         env,
         standby,
         upstream,
+        feed: proxy,
         config,
         log,
     })
+}
+
+/// Waits until the standby of `s` replayed up to `target`.
+async fn replayed_to(s: &tokio_postgres::Client, target: u64) -> Result<()> {
+    eventually(Duration::from_secs(30), || async {
+        let r: i64 = s
+            .query_one("SELECT (pg_last_wal_replay_lsn() - '0/0')::bigint", &[])
+            .await?
+            .get(0);
+        Ok(r as u64 >= target)
+    })
+    .await
+}
+
+/// Whether the server of `c` holds a parked row of event `id`.
+async fn parked(c: &tokio_postgres::Client, id: &str) -> Result<bool> {
+    let n: i64 = c
+        .query_one(
+            "SELECT count(*) FROM outbox_parked WHERE event_id::text = $1",
+            &[&id],
+        )
+        .await?
+        .get(0);
+    Ok(n == 1)
 }
 
 impl World {
@@ -167,16 +221,7 @@ impl World {
 
     /// Waits until the standby replayed everything the primary wrote before the call.
     async fn replayed(&self) -> Result<()> {
-        let target = self.env.current_lsn().await?;
-        let s = self.standby_sql().await?;
-        eventually(Duration::from_secs(30), || async {
-            let r: i64 = s
-                .query_one("SELECT (pg_last_wal_replay_lsn() - '0/0')::bigint", &[])
-                .await?
-                .get(0);
-            Ok(r as u64 >= target)
-        })
-        .await
+        replayed_to(&self.standby_sql().await?, self.env.current_lsn().await?).await
     }
 
     /// Pauses (or resumes) replay on the standby; a pause is in effect when this returns.
@@ -285,13 +330,9 @@ async fn replay_paused_on_the_standby_is_no_stall() -> Result<()> {
     Ok(())
 }
 
-/// An event parked on the primary while the standby has not replayed the parked row (replay
-/// paused after it decoded the event): the standby's slot stays before the event until replay
-/// resumes. Otherwise a promotion of the standby in that window would leave the event neither
-/// on the topic nor in `outbox_parked`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parked_event_is_not_confirmed_before_the_standby_replayed_its_row() -> Result<()> {
-    let schemas = outboxd_tests::testkit::tempdir("sbpark-schemas")?;
+/// A schema directory where `Deposited` needs a positive amount, and its `[validation]`.
+fn amounts_must_be_positive() -> Result<(tempfile::TempDir, String)> {
+    let schemas = outboxd_tests::testkit::tempdir("sb-schemas")?;
     std::fs::create_dir_all(schemas.path().join("Deposited"))?;
     std::fs::write(
         schemas.path().join("Deposited/1.json"),
@@ -301,6 +342,16 @@ async fn a_parked_event_is_not_confirmed_before_the_standby_replayed_its_row() -
         "[validation]\nschema_dir = \"{}\"\n",
         schemas.path().display()
     );
+    Ok((schemas, validation))
+}
+
+/// An event parked on the primary while the standby has not replayed the parked row (replay
+/// paused after it decoded the event): the standby's slot stays before the event until replay
+/// resumes. Otherwise a promotion of the standby in that window would leave the event neither
+/// on the topic nor in `outbox_parked`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_event_is_not_confirmed_before_the_standby_replayed_its_row() -> Result<()> {
+    let (_schemas, validation) = amounts_must_be_positive()?;
     let w = world("sbpark", &validation, "").await?;
     let mut relay = w.relay_delivering(5).await?;
     relay.sigterm()?;
@@ -319,18 +370,9 @@ async fn a_parked_event_is_not_confirmed_before_the_standby_replayed_its_row() -
     w.replay_paused(true).await?;
     let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
     let id = poison.event_id.to_string();
-    eventually(Duration::from_secs(30), || async {
-        let n: i64 = c
-            .query_one(
-                "SELECT count(*) FROM outbox_parked WHERE event_id::text = $1",
-                &[&id],
-            )
-            .await?
-            .get(0);
-        Ok(n == 1)
-    })
-    .await
-    .with_context(|| read_log(&w.log))?;
+    eventually(Duration::from_secs(30), || parked(&c, &id))
+        .await
+        .with_context(|| read_log(&w.log))?;
     // Several status intervals (200 ms) and ticks later: still before the event.
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -400,5 +442,67 @@ async fn a_standby_following_a_promoted_server_is_refused() -> Result<()> {
     );
     let out = check_fails_naming(&w.config, "does not follow source.dsn");
     assert!(out.contains("primary_conninfo"), "{out}");
+    Ok(())
+}
+
+/// The loss itself: the primary parks an event the standby already decoded, the standby never
+/// receives the parked row (its WAL feed cut), the primary dies and the standby is promoted
+/// (`dsn` lists both hosts). The slot was kept before the event, so the relay on the promoted
+/// server reads the event again and parks it there: it is in `outbox_parked`, not gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_event_survives_a_promotion_before_the_standby_had_its_row() -> Result<()> {
+    let (_schemas, validation) = amounts_must_be_positive()?;
+    let mut w = fed_through_a_proxy("sbpfo", &validation).await?;
+    let multi = format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres password={PG_PASSWORD} dbname={} \
+         target_session_attrs=read-write",
+        w.env.pg.port, w.standby.port, w.env.db
+    );
+    let text = std::fs::read_to_string(&w.config)?.replace(&w.env.pg.dsn(&w.env.db), &multi);
+    std::fs::write(&w.config, text)?;
+    let mut relay = w.relay_delivering(5).await?;
+    relay.sigterm()?;
+    let mut c = w.env.sql().await?;
+    let poison = NewEvent::new(
+        "acct",
+        "a-2",
+        1,
+        "Deposited",
+        serde_json::json!({"amount": -5}),
+    );
+    let before = write_events_returning_lsn(&mut c, std::slice::from_ref(&poison)).await?;
+    w.replayed().await?;
+    // From now on the standby receives nothing of the primary's WAL.
+    let feed = w.feed.as_ref().context("no feed")?;
+    feed.set_mode(Mode::Down);
+    let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
+    let id = poison.event_id.to_string();
+    eventually(Duration::from_secs(30), || async {
+        parked(&w.env.sql().await?, &id).await
+    })
+    .await
+    .with_context(|| read_log(&w.log))?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let confirmed = w.standby_confirmed().await?;
+    w.env.pg.stop_immediate()?;
+    w.standby.promote().await?;
+    eventually(Duration::from_secs(60), || async {
+        parked(&w.standby_sql().await?, &id).await
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "the event is neither on the topic nor parked on the promoted server (the slot \
+             was confirmed at {confirmed:X}, the event before {before:X}): {}",
+            read_log(&w.log)
+        )
+    })?;
+    ensure!(
+        confirmed <= before,
+        "the standby's slot confirmed {confirmed:X}, past the parked event ({before:X}), \
+         before the standby had its parked row: {}",
+        read_log(&w.log)
+    );
+    relay.sigkill();
     Ok(())
 }
