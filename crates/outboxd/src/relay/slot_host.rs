@@ -240,15 +240,28 @@ impl SlotHost {
             None => (None, None),
         };
         match (receiver.is_some(), status.as_deref(), tli, primary_tli) {
-            (true, Some("streaming"), Some(t), Some(p)) if t != p => {
+            // Behind the primary's timeline: a cascade still converging after a failover (it
+            // may yet follow), or a standby of the old primary: not streamed until it follows.
+            (true, Some("streaming"), Some(t), Some(p)) if t < p => {
+                Err(RelayError::Replication(format!(
+                    "source.replication_dsn ({there}) does not follow source.dsn ({here}) yet: \
+                     its WAL receiver streams timeline {t}, the primary writes timeline {p} (a \
+                     failover the standby has not followed, or it streams from the old \
+                     primary); retried until it follows. Fix if it persists: point its \
+                     primary_conninfo at {here} (recovery_target_timeline = 'latest')"
+                )))
+            }
+            // Ahead of it: it follows a server that was promoted while the primary ran on.
+            (true, Some("streaming"), Some(t), Some(p)) if t > p => {
                 Err(RelayError::Setup(format!(
-                "source.replication_dsn ({there}) does not follow source.dsn ({here}): its WAL \
-                 receiver streams timeline {t}, the primary writes timeline {p}, so it replays \
-                 another server's history (a standby of a promoted server) and the primary's new \
-                 events would never reach its slot. Fix: point its primary_conninfo at {here} \
-                 (with recovery_target_timeline = 'latest'), or set source.replication_dsn to a \
-                 standby that follows {here}, or unset it to decode on the primary"
-            )))
+                    "source.replication_dsn ({there}) does not follow source.dsn ({here}): its \
+                     WAL receiver streams timeline {t}, the primary writes timeline {p}, so it \
+                     replays another server's history (a standby of a promoted server) and the \
+                     primary's new events would never reach its slot. Fix: point its \
+                     primary_conninfo at {here} (with recovery_target_timeline = 'latest'), or \
+                     set source.replication_dsn to a standby that follows {here}, or unset it to \
+                     decode on the primary"
+                )))
             }
             (true, Some("streaming"), _, _) => Ok(Vec::new()),
             (true, None, _, _) => Ok(vec![format!(
