@@ -174,6 +174,8 @@ pub struct View<'a> {
     pub slot_sql: &'a Client,
     /// The slot lives on a standby (`slot_sql` is another server than `sql`).
     pub separate: bool,
+    /// Where the slot lives: a standby that stops following the primary ends the session.
+    pub host: &'a crate::relay::slot_host::SlotHost,
     pub in_flight: &'a InFlight,
     pub observed: &'a obs::Observed,
 }
@@ -213,7 +215,8 @@ impl Watch {
                     self.last_event_at = now;
                 } else {
                     return Err(RelayError::Replication(format!(
-                        "no replication message for {silent:?} and the server has not heard our status                          updates either (heartbeats every {every:?}): the stream is stalled"
+                        "no replication message for {silent:?} and the server has not heard our status \
+                         updates either (heartbeats every {every:?}): the stream is stalled"
                     )));
                 }
             }
@@ -222,6 +225,7 @@ impl Watch {
                 self.emit_heartbeat(&v, every).await?;
             }
         }
+        v.host.still_follows(v.sql).await?;
         if now >= self.next_slot_poll {
             self.next_slot_poll = now + Duration::from_secs(5);
             self.slot_health(&v).await?;
@@ -248,11 +252,15 @@ impl Watch {
         self.oldest_age = max_age;
     }
 
-    /// Does the walsender still receive our standby status updates (its `reply_time`)?
+    /// Does our walsender still receive our standby status updates (its `reply_time`)? Asked
+    /// of the server that runs it: the slot's (`slot_sql`), a standby's own
+    /// `pg_stat_replication` when the slot lives there. Asking the primary instead finds no
+    /// walsender of ours, so any silence past the stall timeout on a standby (replay paused,
+    /// `recovery_min_apply_delay`, a long filtered transaction) would end the session.
     async fn replies_reach_server(&self, v: &View<'_>) -> Result<bool, RelayError> {
         let app = format!("outboxd:{}:{}", v.slot, std::process::id());
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&app];
-        let q = v.sql.query_opt(
+        let q = v.slot_sql.query_opt(
             "SELECT extract(epoch FROM now() - reply_time)::float8 FROM pg_stat_replication \
              WHERE application_name = $1",
             &params,

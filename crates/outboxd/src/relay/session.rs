@@ -311,7 +311,7 @@ pub async fn run_session_as(
             if stream.caught_up() {
                 ack_wait.looked();
             }
-            let c = st.in_flight().confirmed();
+            let c = st.confirmable();
             if c > reported {
                 if st.take_advanced_by_ack() {
                     fail::hit("acked");
@@ -342,7 +342,7 @@ pub async fn run_session_as(
             }
         }
     }
-    let c = st.in_flight().confirmed();
+    let c = st.confirmable();
     if c > reported {
         repl.update_applied_lsn(Lsn(c));
     }

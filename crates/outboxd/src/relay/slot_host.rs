@@ -35,6 +35,9 @@ pub struct SlotHost {
     /// The slot's server was in recovery when connected: a slot created there cannot be a
     /// failover slot, and creating one waits for the primary's next running-transactions record.
     in_recovery: bool,
+    /// The timeline its WAL receiver received when connected (`None`: no receiver, or a role
+    /// that may not see it): a change under a session means it follows another server now.
+    receiver_tli: Option<i32>,
 }
 
 impl SlotHost {
@@ -43,6 +46,7 @@ impl SlotHost {
         Self {
             standby: None,
             in_recovery: false,
+            receiver_tli: None,
         }
     }
 
@@ -52,13 +56,11 @@ impl SlotHost {
             return Ok(Self::primary());
         };
         let client = crate::relay::address::sql_connect_to(cfg, dsn).await?;
-        let in_recovery = client
-            .query_one("SELECT pg_is_in_recovery()", &[])
-            .await?
-            .get(0);
+        let row = client.query_one(STILL_STANDBY, &[]).await?;
         Ok(Self {
             standby: Some(client),
-            in_recovery,
+            in_recovery: row.get(0),
+            receiver_tli: row.get(1),
         })
     }
 
@@ -75,6 +77,32 @@ impl SlotHost {
     /// Whether the slot's server is a standby now (not yet promoted).
     pub fn in_recovery(&self) -> bool {
         self.in_recovery
+    }
+
+    /// Whether the slot's server, a standby when connected, still is one following the same
+    /// timeline: a promotion (a failover, or a DR drill while the primary runs on) or a switch
+    /// of its WAL receiver to another timeline (its upstream promoted) ends the session, and
+    /// the next one's preflight tells a failover from divergence ([`SlotHost::check`]). Asked
+    /// every tick: what the diverged server commits before the session ends could still be
+    /// relayed, so the window is kept to a tick.
+    pub async fn still_follows(&self, primary: &Client) -> Result<(), RelayError> {
+        if !self.in_recovery {
+            return Ok(());
+        }
+        let row = self.sql(primary).query_one(STILL_STANDBY, &[]).await?;
+        let (recovering, tli): (bool, Option<i32>) = (row.get(0), row.get(1));
+        let what = match (recovering, tli, self.receiver_tli) {
+            (false, _, _) => "was promoted".to_string(),
+            (true, Some(now), Some(then)) if now != then => {
+                format!("switched from timeline {then} to {now} (its upstream was promoted)")
+            }
+            _ => return Ok(()),
+        };
+        Err(RelayError::Replication(format!(
+            "the standby of source.replication_dsn {what} while the session streamed from it: \
+             the session restarts, and streams on only if that standby still follows \
+             source.dsn (or is source.dsn's server now)"
+        )))
     }
 
     /// Whether walsender `pid` holds `slot` now, asked of the slot's server. Only for the
@@ -109,7 +137,6 @@ impl SlotHost {
         let Some(sb) = &self.standby else {
             return Ok(Vec::new());
         };
-        let mut warnings = Vec::new();
         let v: String = sb.query_one("SHOW server_version_num", &[]).await?.get(0);
         let major = v.parse::<u32>().unwrap_or(0) / 10_000;
         if self.in_recovery && major < 16 {
@@ -140,6 +167,7 @@ impl SlotHost {
                     .into(),
             ));
         }
+        let mut warnings = self.follows(primary, sb).await?;
         let setting = |name: &'static str| async move {
             let v: String = sb
                 .query_one("SELECT current_setting($1)", &[&name])
@@ -166,6 +194,90 @@ impl SlotHost {
             );
         }
         Ok(warnings)
+    }
+
+    /// Whether the slot's server still follows `source.dsn`'s primary. A promoted standby keeps
+    /// the system identifier, so after a DR drill or a blue/green switch the identifiers still
+    /// match while the two servers' histories have parted: the relay would stream the diverged
+    /// server, and the primary's new events would never reach the slot. Refused, naming both
+    /// servers (host:port, never a password) and the fix:
+    /// - not in recovery: only the primary itself is right (the standby was promoted because the
+    ///   primary died, and `dsn` now leads to it too: the same postmaster answers both);
+    /// - in recovery: its WAL receiver, when streaming, must stream the primary's timeline. A
+    ///   receiver that is not streaming only delays events (a warning), and a role that may not
+    ///   see the receiver's status gets a warning naming the grant.
+    async fn follows(&self, primary: &Client, sb: &Client) -> Result<Vec<String>, RelayError> {
+        const SERVER: &str = "SELECT coalesce(host(inet_server_addr()), 'local socket') || ':' \
+                              || current_setting('port'), pg_postmaster_start_time()::text, \
+                              CASE WHEN pg_is_in_recovery() THEN NULL ELSE \
+                                ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)) \
+                                ::bit(32)::int END";
+        let p = primary.query_one(SERVER, &[]).await?;
+        let s = sb.query_one(SERVER, &[]).await?;
+        let (here, there): (String, String) = (p.get(0), s.get(0));
+        let primary_tli: Option<i32> = p.get(2);
+        if !self.in_recovery {
+            if p.get::<_, String>(1) == s.get::<_, String>(1) && primary_tli.is_some() {
+                return Ok(Vec::new());
+            }
+            return Err(RelayError::Setup(format!(
+                "source.replication_dsn ({there}) no longer follows source.dsn ({here}): it is \
+                 out of recovery (promoted: a DR drill, a switchover) and another server than \
+                 the primary, so its history has parted from the primary's; streaming its slot \
+                 would relay what is written there and never the primary's new events. Fix: if \
+                 {there} is the primary now, point source.dsn at it too (the slot streams on); \
+                 otherwise rebuild {there} as a standby of {here} (pg_basebackup, or pg_rewind) \
+                 and start outboxd again (its slot is gone there: the relay republishes the gap \
+                 from the outbox table, source.on_slot_loss), or unset source.replication_dsn to \
+                 decode on the primary"
+            )));
+        }
+        let receiver = sb
+            .query_opt("SELECT status, received_tli FROM pg_stat_wal_receiver", &[])
+            .await?;
+        let (status, tli): (Option<String>, Option<i32>) = match &receiver {
+            Some(r) => (r.get(0), r.get(1)),
+            None => (None, None),
+        };
+        match (receiver.is_some(), status.as_deref(), tli, primary_tli) {
+            // Behind the primary's timeline: a cascade still converging after a failover (it
+            // may yet follow), or a standby of the old primary: not streamed until it follows.
+            (true, Some("streaming"), Some(t), Some(p)) if t < p => {
+                Err(RelayError::Replication(format!(
+                    "source.replication_dsn ({there}) does not follow source.dsn ({here}) yet: \
+                     its WAL receiver streams timeline {t}, the primary writes timeline {p} (a \
+                     failover the standby has not followed, or it streams from the old \
+                     primary); retried until it follows. Fix if it persists: point its \
+                     primary_conninfo at {here} (recovery_target_timeline = 'latest')"
+                )))
+            }
+            // Ahead of it: it follows a server that was promoted while the primary ran on.
+            (true, Some("streaming"), Some(t), Some(p)) if t > p => {
+                Err(RelayError::Setup(format!(
+                    "source.replication_dsn ({there}) does not follow source.dsn ({here}): its \
+                     WAL receiver streams timeline {t}, the primary writes timeline {p}, so it \
+                     replays another server's history (a standby of a promoted server) and the \
+                     primary's new events would never reach its slot. Fix: point its \
+                     primary_conninfo at {here} (with recovery_target_timeline = 'latest'), or \
+                     set source.replication_dsn to a standby that follows {here}, or unset it to \
+                     decode on the primary"
+                )))
+            }
+            (true, Some("streaming"), _, _) => Ok(Vec::new()),
+            (true, None, _, _) => Ok(vec![format!(
+                "cannot see whether the standby of source.replication_dsn ({there}) streams from \
+                 source.dsn ({here}): pg_stat_wal_receiver shows its status only to superusers \
+                 and members of pg_read_all_stats; GRANT pg_read_all_stats TO the relay's role \
+                 there, so outboxd can refuse a standby that follows another server"
+            )]),
+            (_, status, _, _) => Ok(vec![format!(
+                "the standby of source.replication_dsn ({there}) is in recovery but its WAL \
+                 receiver is not streaming ({}): it replays nothing new from source.dsn \
+                 ({here}), so events wait there (none is lost) until it streams again; check its \
+                 primary_conninfo, the primary's pg_hba.conf and primary_slot_name",
+                status.map_or("no WAL receiver".to_string(), |s| format!("status {s}"))
+            )]),
+        }
     }
 
     /// A slot created on a standby is safe from the primary's vacuum only once the standby's
@@ -253,6 +365,11 @@ impl SlotHost {
     }
 }
 
+/// Whether a server is in recovery, and the timeline its WAL receiver received (NULL without a
+/// receiver, or for a role that may not see it: pg_read_all_stats).
+const STILL_STANDBY: &str =
+    "SELECT pg_is_in_recovery(), (SELECT received_tli FROM pg_stat_wal_receiver)";
+
 /// Bytes the standby of `host` has still to replay (the primary's WAL end minus its replay
 /// position); `None` when the slot lives on the primary or the standby was promoted.
 pub async fn replay_lag(primary: &Client, host: &SlotHost) -> Result<Option<i64>, RelayError> {
@@ -271,4 +388,87 @@ pub async fn replay_lag(primary: &Client, host: &SlotHost) -> Result<Option<i64>
         )
         .await?
         .get(0))
+}
+
+/// Parked and held rows the standby has not replayed yet. A park or hold is written on the
+/// primary, while the event's position is confirmed on the standby's slot: if the primary died
+/// before the standby replayed the row and the standby were promoted, the slot would be past
+/// the event and neither the topic nor `outbox_parked` would hold it. So after each such write
+/// the fence records the primary's WAL insert position (the row's commit lies before it) and
+/// the position confirmable at that moment (before the event: its acknowledgement, or its
+/// transaction's Commit, comes later), and nothing is confirmed past that until the standby's
+/// `pg_last_wal_replay_lsn()` reached the row. Only while the slot's server is a standby: on one
+/// server, the row and the slot share the WAL.
+#[derive(Debug, Default)]
+pub struct ReplayFence {
+    /// (confirmable when the row was written, the primary's insert position after it), in
+    /// write order: both only grow.
+    pending: std::collections::VecDeque<(u64, u64)>,
+}
+
+impl ReplayFence {
+    /// A park or hold row was just written on `primary`, while `confirmable` was the position
+    /// safe to confirm (before its event).
+    pub async fn written(
+        &mut self,
+        primary: &Client,
+        host: &SlotHost,
+        confirmable: u64,
+    ) -> Result<(), RelayError> {
+        if !host.in_recovery() {
+            return Ok(());
+        }
+        let at: String = primary
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await?
+            .get(0);
+        let at = crate::relay::lsn::parse_lsn(&at)?;
+        self.pending.push_back((confirmable, at));
+        Ok(())
+    }
+
+    /// `confirmed`, held back before the oldest row the standby has not replayed.
+    pub fn cap(&self, confirmed: u64) -> u64 {
+        self.pending
+            .front()
+            .map_or(confirmed, |&(before, _)| confirmed.min(before))
+    }
+
+    /// Releases the rows the standby has replayed by now (asked of it while any is pending).
+    pub async fn refresh(&mut self, primary: &Client, host: &SlotHost) -> Result<(), RelayError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let replayed: Option<String> = host
+            .sql(primary)
+            .query_one("SELECT pg_last_wal_replay_lsn()::text", &[])
+            .await?
+            .get(0);
+        let replayed = replayed
+            .as_deref()
+            .map(crate::relay::lsn::parse_lsn)
+            .transpose()?
+            .unwrap_or(0);
+        while self.pending.front().is_some_and(|&(_, at)| at <= replayed) {
+            self.pending.pop_front();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReplayFence;
+
+    #[test]
+    fn the_fence_holds_the_confirm_before_the_oldest_unreplayed_row() {
+        let mut f = ReplayFence::default();
+        assert_eq!(f.cap(100), 100);
+        f.pending.push_back((40, 200));
+        f.pending.push_back((60, 300));
+        assert_eq!(f.cap(100), 40);
+        assert_eq!(f.cap(30), 30);
+        f.pending.pop_front();
+        assert_eq!(f.cap(100), 60);
+    }
 }

@@ -18,7 +18,7 @@ use crate::relay::lsn::PG_EPOCH_US;
 use crate::relay::outboxes::{Lookup, Outboxes};
 use crate::relay::pgoutput::{self, Message, Value};
 use crate::relay::route::Event;
-use crate::relay::slot_host::SlotHost;
+use crate::relay::slot_host::{ReplayFence, SlotHost};
 use crate::relay::source::sql_bounded;
 use crate::slot::publication;
 use pgwire_replication::ReplicationEvent;
@@ -33,6 +33,8 @@ pub struct Stages {
     sql: Client,
     /// Where the slot lives (the primary, or the standby of `source.replication_dsn`).
     host: SlotHost,
+    /// Parked and held rows that standby has not replayed yet: nothing is confirmed past them.
+    fence: ReplayFence,
     /// The listed outbox tables, and which Relation id is which.
     outboxes: Outboxes,
     values: Vec<Value<'static>>,
@@ -98,6 +100,7 @@ impl Stages {
             publication: cfg.source.publication.clone(),
             sql,
             host: SlotHost::primary(),
+            fence: ReplayFence::default(),
             outboxes,
             values: Vec::new(),
             topic_buf: String::new(),
@@ -115,6 +118,12 @@ impl Stages {
     /// The events not yet acknowledged, and what may be confirmed.
     pub fn in_flight(&self) -> &InFlight {
         &self.in_flight
+    }
+
+    /// The position to confirm to the slot: what the broker acknowledged, held back before an
+    /// event whose park or hold row the slot's standby has not replayed yet ([`ReplayFence`]).
+    pub fn confirmable(&self) -> u64 {
+        self.fence.cap(self.in_flight.confirmed())
     }
 
     /// The session's SQL connection (state rows, confirm polls).
@@ -150,11 +159,13 @@ impl Stages {
     /// Every tick: what the watch reports (gauges, readiness, stalls, heartbeats, slot health,
     /// the status row).
     pub async fn obs_tick(&mut self, reading: bool) -> Result<(), RelayError> {
+        self.fence.refresh(&self.sql, &self.host).await?;
         let view = View {
             slot: &self.slot,
             sql: &self.sql,
             slot_sql: self.host.sql(&self.sql),
             separate: self.host.is_separate(),
+            host: &self.host,
             in_flight: &self.in_flight,
             observed: &self.observed,
         };
@@ -201,7 +212,7 @@ impl Stages {
                 message,
                 record,
             } => {
-                self.poison.park(&self.sql, record, class, &message).await?;
+                self.park(record, class, &message).await?;
                 self.in_flight.parked(seq);
             }
             Verdict::Retriable {
@@ -350,7 +361,9 @@ impl Stages {
         });
         if let Some(head) = blocked_by {
             let rec = self.record_of(table, &event);
-            return self.poison.hold(&self.sql, &rec, &head).await;
+            self.poison.hold(&self.sql, &rec, &head).await?;
+            let confirmable = self.in_flight.confirmed();
+            return self.fence.written(&self.sql, &self.host, confirmable).await;
         }
         if event.headers.is_some() {
             if let Err(e) = event.for_each_header(|_, _| {}) {
@@ -424,9 +437,13 @@ impl Stages {
         self.watch.on_ignored();
     }
 
-    /// A deterministic failure of a streamed row that never reached the producer.
+    /// A deterministic failure of a streamed row (before the producer, or refused by the
+    /// broker): parked before its position is acknowledged, fenced until the slot's standby
+    /// replayed the row.
     async fn park(&mut self, rec: ParkedRecord, class: &str, msg: &str) -> Result<(), RelayError> {
-        self.poison.park(&self.sql, rec, class, msg).await
+        self.poison.park(&self.sql, rec, class, msg).await?;
+        let confirmable = self.in_flight.confirmed();
+        self.fence.written(&self.sql, &self.host, confirmable).await
     }
 
     /// The record exactly as it would have been produced (without a topic when it has none).
