@@ -1,0 +1,211 @@
+//! Issue 39, `relay.broker_fencing`: what the relay acknowledges when a Kafka transaction does
+//! not commit. The proof is what the relay confirms (the slot's `confirmed_flush_lsn`) and what
+//! it sends again, not a `read_committed` read: tansu (and the mock cluster) leave aborted
+//! records visible.
+//!
+//! - A broker outage longer than a commit's bound (30 s): the commit times out, the session
+//!   ends and the next one sends the records again from the slot once the broker is back (the
+//!   committer task used to exit, leaving the records in an open transaction forever: nothing
+//!   was confirmed again).
+//! - A record the broker refuses inside a transaction (the mock cluster refuses one Produce
+//!   request), `ordering = "none"`: the refusal aborts the whole transaction. The refused
+//!   record is parked and never sent again; its neighbour in the aborted transaction is sent
+//!   again and committed, and the slot moves past both. (Before: the neighbour's report could
+//!   arrive during the abort and be released as delivered, or the next session sent the
+//!   refused record again — on a broker that refuses it every time, a restart loop.)
+
+use outboxd_tests::testkit::Mode;
+use outboxd_tests::*;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+fn ev(aggregate_type: &str, agg: &str, v: i64) -> NewEvent {
+    NewEvent::new(
+        aggregate_type,
+        agg,
+        v,
+        "Deposited",
+        serde_json::json!({ "v": v }),
+    )
+}
+
+fn events(aggregate_type: &str, agg: &str, n: i64, from: i64) -> Vec<NewEvent> {
+    (from..from + n)
+        .map(|v| ev(aggregate_type, agg, v))
+        .collect()
+}
+
+async fn caught_up(env: &Env, within: Duration) -> anyhow::Result<()> {
+    eventually(within, || async {
+        Ok(env.confirmed_lsn().await? >= env.current_lsn().await?)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_times_out_in_an_outage_restarts_from_the_slot() -> anyhow::Result<()> {
+    let mut env = Env::start_with_proxies("txn_outage").await?;
+    env.extra_toml = "broker_fencing = true".into();
+    let topic = "outbox.event.acct";
+    create_topics(&env.bootstrap(), &[topic], 2).await?;
+    let relay = Relay::start(env.config()?);
+    let mut c = env.sql().await?;
+    write_events(&mut c, &events("acct", "warm", 5, 1), false).await?;
+    caught_up(&env, Duration::from_secs(30)).await?;
+
+    let proxy = env.broker_proxy.as_ref().expect("proxy");
+    proxy.set_mode(Mode::Blackhole);
+    let inside = write_events_returning_lsn(&mut c, &events("acct", "o-1", 50, 1)).await?;
+    write_events(&mut c, &events("acct", "o-1", 50, 51), false).await?;
+    // Past the commit's bound (30 s) and the transaction's: the commit has timed out.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert!(!relay.is_finished(), "relay stopped during the outage");
+    let confirmed = env.confirmed_lsn().await?;
+    assert!(
+        confirmed <= inside,
+        "slot passed unacknowledged events during the outage: {confirmed:X} > {inside:X}"
+    );
+    proxy.set_mode(Mode::Pass);
+    caught_up(&env, Duration::from_secs(120))
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "the relay never confirmed the outage's events after the broker came back: {e}"
+            )
+        })?;
+    let recs = read_topic(&env.bootstrap(), topic, 105, Duration::from_secs(60))?;
+    let ids: std::collections::HashSet<&str> = recs.iter().map(|r| r.header("event_id")).collect();
+    assert_eq!(ids.len(), 105, "distinct events delivered");
+    assert!(!relay.is_finished());
+    relay.shutdown().await?;
+    Ok(())
+}
+
+async fn parked_ids(env: &Env) -> anyhow::Result<Vec<String>> {
+    let rows = env
+        .sql()
+        .await?
+        .query("SELECT event_id::text FROM outbox_parked ORDER BY id", &[])
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Copies of each event on `topics` of the mock cluster, aborted ones included (the mock keeps
+/// every appended record), read until quiet.
+fn copies(bootstrap: &str, topics: &[&str]) -> anyhow::Result<BTreeMap<String, usize>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "copies")
+        .set("isolation.level", "read_uncommitted")
+        .set("enable.partition.eof", "false")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for t in topics {
+        tpl.add_partition_offset(t, 0, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut out = BTreeMap::new();
+    let (start, mut last) = (Instant::now(), Instant::now());
+    while start.elapsed() < Duration::from_secs(30) && last.elapsed() < Duration::from_secs(3) {
+        if let Some(m) = consumer.poll(Duration::from_millis(100)) {
+            let m = m?;
+            let id = m
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "event_id"))
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            *out.entry(id).or_default() += 1;
+            last = Instant::now();
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_aborts_the_transaction_and_its_neighbour_is_sent_again() -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
+    let env = Env::start("txn_refusal").await?;
+    // Two topics led by two brokers: the two records of one Postgres transaction go out in
+    // two Produce requests, and the mock refuses whichever it handles first.
+    let mock = MockCluster::new(2)?;
+    let (a, b) = ("outbox.event.acct", "outbox.event.bank");
+    mock.create_topic(a, 1, 1)?;
+    mock.create_topic(b, 1, 1)?;
+    mock.partition_leader(a, 0, Some(1))?;
+    mock.partition_leader(b, 0, Some(2))?;
+    let toml = format!(
+        "{}\nbroker_fencing = true\n[policy]\nordering = \"none\"\n",
+        env.toml()
+    )
+    .replace(&env.bootstrap(), &mock.bootstrap_servers());
+    let cfg = outboxd::Config::from_toml_and_env(&toml, Vec::<(String, String)>::new())?;
+    let relay = Relay::start(cfg);
+    let mut c = env.sql().await?;
+    write_events(
+        &mut c,
+        &[ev("acct", "warm", 1), ev("bank", "warm", 1)],
+        false,
+    )
+    .await?;
+    caught_up(&env, Duration::from_secs(30)).await?;
+
+    // Both requests in flight when the refusal comes back: the neighbour's report arrives
+    // around the failed commit and during the abort.
+    mock.broker_round_trip_time(-1, Duration::from_millis(500))?;
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
+    );
+    let pair = [ev("acct", "x", 1), ev("bank", "y", 1)];
+    let lsn = write_events_returning_lsn(&mut c, &pair).await?;
+    eventually(Duration::from_secs(30), || async {
+        Ok(!parked_ids(&env).await?.is_empty())
+    })
+    .await?;
+    let parked = parked_ids(&env).await?.remove(0);
+    let refused = pair
+        .iter()
+        .find(|e| e.event_id.to_string() == parked)
+        .expect("a parked event of the pair");
+    let neighbour = pair
+        .iter()
+        .find(|e| e.event_id != refused.event_id)
+        .unwrap();
+    mock.broker_round_trip_time(-1, Duration::ZERO)?;
+    // Later events flow, and the slot moves past the pair.
+    write_events(&mut c, &[ev("acct", "z", 1)], false).await?;
+    caught_up(&env, Duration::from_secs(60)).await?;
+    assert!(env.confirmed_lsn().await? > lsn);
+
+    let seen = copies(&mock.bootstrap_servers(), &[a, b])?;
+    let count = |e: &NewEvent| seen.get(&e.event_id.to_string()).copied().unwrap_or(0);
+    assert_eq!(
+        count(refused),
+        0,
+        "the refused event was sent again after its refusal (on a broker that refuses it every \
+         time: a restart loop)"
+    );
+    assert!(
+        count(neighbour) >= 2,
+        "the neighbour of the refused event was acknowledged from the aborted transaction, \
+         never sent again: {} copies",
+        count(neighbour)
+    );
+    assert_eq!(
+        parked_ids(&env).await?.len(),
+        1,
+        "only the refused event is parked"
+    );
+    assert!(!relay.is_finished());
+    relay.shutdown().await?;
+    Ok(())
+}
