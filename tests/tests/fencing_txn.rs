@@ -10,15 +10,19 @@
 //! - A record the broker refuses inside a transaction (the mock cluster refuses one Produce
 //!   request), `ordering = "none"`: the refusal aborts the whole transaction. The refused
 //!   record is parked and never sent again; its neighbour in the aborted transaction is sent
-//!   again and committed, and the slot moves past both. (Before: the neighbour's report could
-//!   arrive during the abort and be released as delivered, or the next session sent the
+//!   again and committed, and the slot moves past both. (Before: the next session sent the
 //!   refused record again — on a broker that refuses it every time, a restart loop.)
+//!
+//! A neighbour's report that arrives *during* the abort (librdkafka's abort waits for the
+//! requests in flight) was held and later released as delivered; the mock cluster cannot
+//! time that window reliably, so `relay::kafka::txn`'s unit tests script it
+//! (`an_aborted_transaction_never_releases_an_acknowledgement`).
 
 use outboxd_tests::testkit::Mode;
 use outboxd_tests::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::mocking::MockCluster;
+use rdkafka::mocking::{MockCluster, MockCoordinator};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::BTreeMap;
@@ -127,21 +131,41 @@ fn copies(bootstrap: &str, topics: &[&str]) -> anyhow::Result<BTreeMap<String, u
     Ok(out)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refusal_aborts_the_transaction_and_its_neighbour_is_sent_again() -> anyhow::Result<()> {
+/// A relay with `broker_fencing` and `ordering = "none"` against a three-broker mock cluster:
+/// topic `acct` led by broker 1, `bank` by broker 2 (records to both go out in two Produce
+/// requests), the transaction coordinator on broker 3. Warmed up: one event to each confirmed.
+async fn mock_world(
+    name: &str,
+    kafka: &str,
+) -> anyhow::Result<(
+    Env,
+    MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    Relay,
+)> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("info")
         .with_test_writer()
         .try_init();
-    let env = Env::start("txn_refusal").await?;
-    // Two topics led by two brokers: the two records of one Postgres transaction go out in
-    // two Produce requests, and the mock refuses whichever it handles first.
-    let mock = MockCluster::new(2)?;
-    let (a, b) = ("outbox.event.acct", "outbox.event.bank");
-    mock.create_topic(a, 1, 1)?;
-    mock.create_topic(b, 1, 1)?;
-    mock.partition_leader(a, 0, Some(1))?;
-    mock.partition_leader(b, 0, Some(2))?;
+    let mut env = Env::start(name).await?;
+    env.kafka_toml = kafka.into();
+    let mock = MockCluster::new(3)?;
+    for (i, t) in [ACCT, BANK].into_iter().enumerate() {
+        mock.create_topic(t, 1, 1)?;
+        mock.partition_leader(t, 0, Some(i as i32 + 1))?;
+    }
+    // The transaction coordinator on a broker of its own: the two Produce requests' round
+    // trips are the only ones the test slows down.
+    let system_id: String = env
+        .sql()
+        .await?
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await?
+        .get(0);
+    let id = format!("outboxd:{system_id}:{}:{}", env.db, env.slot);
+    mock.coordinator(MockCoordinator::Transaction(id), 3)?;
     let toml = format!(
         "{}\nbroker_fencing = true\n[policy]\nordering = \"none\"\n",
         env.toml()
@@ -157,21 +181,26 @@ async fn a_refusal_aborts_the_transaction_and_its_neighbour_is_sent_again() -> a
     )
     .await?;
     caught_up(&env, Duration::from_secs(30)).await?;
+    Ok((env, mock, relay))
+}
 
-    // Both requests in flight when the refusal comes back: the neighbour's report arrives
-    // around the failed commit and during the abort.
-    mock.broker_round_trip_time(-1, Duration::from_millis(500))?;
-    mock.request_errors(
-        RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
-    );
-    let pair = [ev("acct", "x", 1), ev("bank", "y", 1)];
-    let lsn = write_events_returning_lsn(&mut c, &pair).await?;
+const ACCT: &str = "outbox.event.acct";
+const BANK: &str = "outbox.event.bank";
+
+/// After the pair `[acct, bank]` (committed at `lsn`) met one refused Produce request: the
+/// refused event is parked and never sent again, its neighbour was sent again (its first copy
+/// went into the aborted transaction), and the slot moves on past both.
+async fn refused_parked_neighbour_sent_again(
+    env: &Env,
+    mock: &MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    pair: &[NewEvent; 2],
+    lsn: u64,
+) -> anyhow::Result<()> {
     eventually(Duration::from_secs(30), || async {
-        Ok(!parked_ids(&env).await?.is_empty())
+        Ok(!parked_ids(env).await?.is_empty())
     })
     .await?;
-    let parked = parked_ids(&env).await?.remove(0);
+    let parked = parked_ids(env).await?.remove(0);
     let refused = pair
         .iter()
         .find(|e| e.event_id.to_string() == parked)
@@ -182,11 +211,12 @@ async fn a_refusal_aborts_the_transaction_and_its_neighbour_is_sent_again() -> a
         .unwrap();
     mock.broker_round_trip_time(-1, Duration::ZERO)?;
     // Later events flow, and the slot moves past the pair.
+    let mut c = env.sql().await?;
     write_events(&mut c, &[ev("acct", "z", 1)], false).await?;
-    caught_up(&env, Duration::from_secs(60)).await?;
+    caught_up(env, Duration::from_secs(60)).await?;
     assert!(env.confirmed_lsn().await? > lsn);
 
-    let seen = copies(&mock.bootstrap_servers(), &[a, b])?;
+    let seen = copies(&mock.bootstrap_servers(), &[ACCT, BANK])?;
     let count = |e: &NewEvent| seen.get(&e.event_id.to_string()).copied().unwrap_or(0);
     assert_eq!(
         count(refused),
@@ -201,10 +231,27 @@ async fn a_refusal_aborts_the_transaction_and_its_neighbour_is_sent_again() -> a
         count(neighbour)
     );
     assert_eq!(
-        parked_ids(&env).await?.len(),
+        parked_ids(env).await?.len(),
         1,
         "only the refused event is parked"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_aborts_the_transaction_and_its_neighbour_is_sent_again() -> anyhow::Result<()> {
+    let (env, mock, relay) = mock_world("txn_refusal", "").await?;
+    // Both requests in flight when the refusal comes back (the mock refuses whichever it
+    // handles first): the neighbour's report arrives around the failed commit.
+    mock.broker_round_trip_time(-1, Duration::from_millis(500))?;
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
+    );
+    let pair = [ev("acct", "x", 1), ev("bank", "y", 1)];
+    let mut c = env.sql().await?;
+    let lsn = write_events_returning_lsn(&mut c, &pair).await?;
+    refused_parked_neighbour_sent_again(&env, &mock, &pair, lsn).await?;
     assert!(!relay.is_finished());
     relay.shutdown().await?;
     Ok(())

@@ -16,6 +16,17 @@
 //! `linger.ms`, and no sooner than the last commit took), keeping sends out meanwhile (librdkafka refuses a send during a commit),
 //! then hands the held acknowledgements to the session. Refusals are not held: the session ends
 //! (or parks) on them at once.
+//!
+//! A transaction that does not commit (the commit timed out in a broker outage, a record was
+//! refused, the producer was fenced) acknowledges nothing, ever: its held acknowledgements and
+//! every report still to come — librdkafka's abort waits for the requests in flight, and the
+//! broker may have appended them — become failures, and one failure for the transaction itself
+//! ends the session even when no report came back ([`Txn::fail`]). The next session's producer
+//! fences this one and sends the records again from the slot. A record the broker refused
+//! inside a transaction is parked; it is remembered for the relay's later sessions
+//! ([`remember_refusal`]), which park it again without sending it, so its neighbours commit
+//! instead of being aborted with it in every session (`ordering = "none"` holds nothing back
+//! behind a parked event).
 
 use super::outstanding::Outstanding;
 use super::{Ack, Ctx, Origin, Producer, Verdict};
