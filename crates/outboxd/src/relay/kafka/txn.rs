@@ -405,20 +405,25 @@ mod tests {
     use super::*;
     use crate::poison::record::ParkedRecord;
 
-    /// librdkafka's transaction calls, scripted: the commit's result, and the reports that
-    /// arrive while the abort waits for the records still in flight (librdkafka's abort
-    /// flushes them; the broker may well have appended them).
+    /// librdkafka's transaction calls, scripted: the commits' results (then `Ok`), and the
+    /// reports that arrive while the abort waits for the records still in flight (librdkafka's
+    /// abort flushes them; the broker may well have appended them).
     struct Fake<'a> {
         txn: &'a Txn,
         acks: &'a mpsc::UnboundedSender<Ack>,
-        commit: Result<(), OpError>,
+        commits: Mutex<Vec<Result<(), OpError>>>,
         during_abort: Mutex<Vec<Ack>>,
         aborted: std::sync::atomic::AtomicBool,
     }
 
     impl TxnOps for Fake<'_> {
         fn commit(&self) -> Result<(), OpError> {
-            self.commit.clone()
+            let mut commits = self.commits.lock().unwrap();
+            if commits.is_empty() {
+                Ok(())
+            } else {
+                commits.remove(0)
+            }
         }
         fn abort(&self) -> Result<(), OpError> {
             for a in std::mem::take(&mut *self.during_abort.lock().unwrap()) {
@@ -440,7 +445,7 @@ mod tests {
         Fake {
             txn,
             acks,
-            commit,
+            commits: Mutex::new(vec![commit]),
             during_abort: Mutex::default(),
             aborted: Default::default(),
         }
@@ -529,7 +534,8 @@ mod tests {
             "the producer goes on after a failed commit"
         );
         assert!(ops.aborted.load(SeqCst), "not aborted");
-        // A record sent before the session saw the failure, reported later.
+        // A record sent before the session saw the failure, reported later; the next commit
+        // would succeed (the transaction after the abort), and must release none of them.
         hand(&txn, 1);
         report(&txn, delivered(4), &tx);
         assert!(!txn.settle(&ops, &tx));
