@@ -12,6 +12,9 @@
 //!   record is parked and never sent again; its neighbour in the aborted transaction is sent
 //!   again and committed, and the slot moves past both. (Before: the next session sent the
 //!   refused record again — on a broker that refuses it every time, a restart loop.)
+//! - A record over `message.max.bytes`, refused by librdkafka at the hand-over: no Produce
+//!   request, the transaction is untouched; parked, its neighbours commit in the same session
+//!   (a guard: this held before issue 39 too).
 //!
 //! A neighbour's report that arrives *during* the abort (librdkafka's abort waits for the
 //! requests in flight) was held and later released as delivered; the mock cluster cannot
@@ -252,6 +255,47 @@ async fn a_refusal_aborts_the_transaction_and_its_neighbour_is_sent_again() -> a
     let mut c = env.sql().await?;
     let lsn = write_events_returning_lsn(&mut c, &pair).await?;
     refused_parked_neighbour_sent_again(&env, &mock, &pair, lsn).await?;
+    assert!(!relay.is_finished());
+    relay.shutdown().await?;
+    Ok(())
+}
+
+/// The refusal that comes first in practice: a record larger than `message.max.bytes`, which
+/// librdkafka refuses when it is handed over (no Produce request): the open transaction is
+/// untouched, so the event is parked and its neighbours — in the same Postgres transaction —
+/// commit in the same session, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_is_parked_and_its_neighbours_commit() -> anyhow::Result<()> {
+    let mut env = Env::start("txn_too_large").await?;
+    env.kafka_toml = "\"message.max.bytes\" = \"20000\"".into();
+    env.extra_toml = "broker_fencing = true\n[policy]\nordering = \"none\"\n".into();
+    create_topics(&env.bootstrap(), &[ACCT], 2).await?;
+    let relay = Relay::start(env.config()?);
+    let mut c = env.sql().await?;
+    write_events(&mut c, &[ev("acct", "warm", 1)], false).await?;
+    caught_up(&env, Duration::from_secs(30)).await?;
+    let big = NewEvent::new(
+        "acct",
+        "x",
+        1,
+        "Deposited",
+        serde_json::json!({ "blob": "x".repeat(30_000) }),
+    );
+    let around = [ev("acct", "y", 1), big.clone(), ev("acct", "z", 1)];
+    let lsn = write_events_returning_lsn(&mut c, &around).await?;
+    caught_up(&env, Duration::from_secs(30)).await?;
+    assert!(env.confirmed_lsn().await? > lsn);
+    assert_eq!(parked_ids(&env).await?, [big.event_id.to_string()]);
+    let recs = read_topic(&env.bootstrap(), ACCT, 3, Duration::from_secs(20))?;
+    let ids: Vec<&str> = recs.iter().map(|r| r.header("event_id")).collect();
+    for e in [&around[0], &around[2]] {
+        let n = ids.iter().filter(|i| **i == e.event_id.to_string()).count();
+        assert_eq!(
+            n, 1,
+            "a neighbour sent {n} times (its transaction was aborted)"
+        );
+    }
+    assert!(!ids.contains(&big.event_id.to_string().as_str()));
     assert!(!relay.is_finished());
     relay.shutdown().await?;
     Ok(())
