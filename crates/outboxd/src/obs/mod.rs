@@ -249,6 +249,11 @@ pub struct Observed {
     pub labels: labels::Labels,
     /// Producer sessions started: a delivery after a restart is a later attempt (R25).
     pub sessions: std::sync::atomic::AtomicU64,
+    /// With `relay.broker_fencing`: events the broker refused inside a Kafka transaction, by
+    /// event_id (class, redacted message). A refusal aborts the whole transaction, so this
+    /// relay's later sessions park them again without sending them (`relay/kafka/txn.rs`)
+    /// instead of aborting their neighbours' transaction in every session.
+    pub refused_in_txn: std::sync::Mutex<std::collections::HashMap<String, (&'static str, String)>>,
 }
 
 impl Health {

@@ -187,6 +187,15 @@ impl Stages {
                     .on_release_ack(&self.sql, id, ack.verdict, producer);
                 sql_bounded(release).await
             }
+            // A Kafka transaction that did not commit (`relay.broker_fencing`): restart from
+            // the slot; its records' own acknowledgements are failures too.
+            Origin::Transaction => match ack.verdict {
+                Verdict::Retriable { class, message, .. } => {
+                    self.observed.errors.record(class, "");
+                    Err(RelayError::Kafka(message))
+                }
+                _ => Ok(()),
+            },
             Origin::Stream(seq) => {
                 let before = self.in_flight.confirmed();
                 let delivered = matches!(ack.verdict, Verdict::Delivered);

@@ -201,7 +201,11 @@ impl ProducerContext for Ctx {
             }
         };
         match &self.txn {
-            Some(t) => t.hold(Ack::now(origin, verdict), &self.acks),
+            Some(t) => {
+                let ack = Ack::now(origin, verdict);
+                txn::remember_refusal(&self.observed, &ack);
+                t.hold(ack, &self.acks)
+            }
             None => drop(self.acks.send(Ack::now(origin, verdict))),
         }
         if self.outstanding.reported() {
@@ -361,6 +365,14 @@ impl Producer {
         });
         let headers = headers.unwrap_or_default();
         let origin = Origin::Stream(seq);
+        let ctx = self.inner.context();
+        if ctx.txn.is_some() {
+            let parked = || e.parked_record(Some(topic));
+            if let Some(v) = txn::refused_before(&ctx.observed, e.event_id, parked) {
+                let _ = ctx.acks.send(Ack::now(origin, v));
+                return;
+            }
+        }
         let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, origin.to_opaque())
             .headers(headers);
         // A NULL aggregate id (Debezium preset) is a record without a key, not an empty one.

@@ -16,6 +16,9 @@ pub enum Origin {
     Stream(Seq),
     /// A parked event republished after an operator's repair, by its `outbox_parked` id.
     Release(i64),
+    /// No one record: the Kafka transaction (`relay.broker_fencing`) that did not commit. Its
+    /// failure ends the session even when none of its records was reported on.
+    Transaction,
 }
 
 /// librdkafka carries one integer per record; its top bit tells a release from a stream event.
@@ -26,6 +29,8 @@ impl Origin {
         match self {
             Self::Stream(seq) => seq as usize & !RELEASE_BIT,
             Self::Release(id) => RELEASE_BIT | id as usize,
+            // Never handed to librdkafka (nothing is produced under it).
+            Self::Transaction => usize::MAX,
         }
     }
 
