@@ -21,7 +21,7 @@
 
 use crate::config::Config;
 use crate::error::RelayError;
-use crate::relay::source::quote_ident;
+use crate::relay::address::quote_ident;
 use tokio_postgres::Client;
 
 /// Prefix of the event trigger's messages.

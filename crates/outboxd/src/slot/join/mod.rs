@@ -353,6 +353,9 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
         slot_state::add_joined(out.st.sql(), &slot, &all).await?;
         return Ok(true);
     };
+    let via_root = partitions::via_root(cfg, out.st.sql())
+        .await?
+        .unwrap_or(true);
     for (oid, t) in &oids {
         let members: Vec<u32> = cfg
             .partitions
@@ -363,7 +366,8 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
         if !joined.contains(oid) {
             // Retried (the GRANT can come while the relay waits), not a stop.
             let qualified = partitions::qualified(t);
-            let owed = owed::table(cfg, out.st.sql(), *oid, &qualified, t.discovered.is_some())
+            let discovered = t.discovered.is_some();
+            let owed = owed::table(cfg, out.st.sql(), *oid, &qualified, discovered, via_root)
                 .await
                 .map_err(|e| unreadable(t, e))?;
             if owed == Owed::EarlierRows {
@@ -384,7 +388,7 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
         }
         for m in members.iter().filter(|m| !joined.contains(m)) {
             let qualified = partitions::qualified(t);
-            let owed = owed::partition(out.st.sql(), *m, &qualified)
+            let owed = owed::partition(out.st.sql(), *m, &qualified, via_root)
                 .await
                 .map_err(|e| unreadable(t, e))?;
             let leaves = partitions::leaves(out.st.sql(), *m).await?;

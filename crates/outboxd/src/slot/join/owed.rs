@@ -43,16 +43,21 @@ pub(super) enum Owed {
 /// publication is `FOR ALL TABLES` (a pattern's table only: a listed table's rows were decoded
 /// and ignored before it was listed) or the publication row was written by the creating
 /// transaction after every row that transaction wrote. Anything else is owed its rows.
+/// `via_root`: the publication streams partitions as their root; without it, a partitioned
+/// table's rows came under partition names the session may not have known yet (read as
+/// another table's and confirmed past), so a partitioned table that joins is owed its rows.
 pub(super) async fn table(
     cfg: &Config,
     sql: &Client,
     oid: u32,
     qualified: &str,
     discovered: bool,
+    via_root: bool,
 ) -> Result<Owed, RelayError> {
     let row = sql
         .query_opt(
-            "SELECT p.puballtables, COALESCE(ty.xmin, c.xmin)::text = b.born, \
+            "SELECT p.puballtables, COALESCE(ty.xmin, c.xmin)::text = b.born \
+                    AND (c.relkind <> 'p' OR $3), \
                     pr.xmin::text = b.born, b.born, pr.cmin::text::bigint \
              FROM pg_publication p JOIN pg_class c ON c.oid = $2 \
              CROSS JOIN LATERAL (SELECT a.xmin::text AS born FROM pg_attribute a \
@@ -60,7 +65,7 @@ pub(super) async fn table(
              LEFT JOIN pg_type ty ON ty.oid = c.reltype \
              LEFT JOIN pg_publication_rel pr ON pr.prpubid = p.oid AND pr.prrelid = c.oid \
              WHERE p.pubname = $1",
-            &[&cfg.source.publication, &oid],
+            &[&cfg.source.publication, &oid, &via_root],
         )
         .await?;
     let Some(row) = row else {
@@ -68,7 +73,8 @@ pub(super) async fn table(
     };
     let (all_tables, unchanged) = (row.get::<_, bool>(0), row.get::<_, bool>(1));
     if !unchanged {
-        // Renamed or moved since it was created: its rows before that were not the pattern's.
+        // Renamed or moved since it was created: its rows before that were not the pattern's
+        // (or partitioned, published under its partitions' names).
         return Ok(Owed::EarlierRows);
     }
     if all_tables {
@@ -91,8 +97,16 @@ pub(super) async fn table(
 /// Is anything of partition `oid` (a member of a partitioned outbox `root`, quoted) missing
 /// from the stream, its root being streamed? Nothing when it was created as a partition (its
 /// `pg_inherits` row is its creation's) and its creating transaction wrote none of its rows
-/// before that.
-pub(super) async fn partition(sql: &Client, oid: u32, root: &str) -> Result<Owed, RelayError> {
+/// before that, and the publication streams it as its root (`via_root`; see [`table`]).
+pub(super) async fn partition(
+    sql: &Client,
+    oid: u32,
+    root: &str,
+    via_root: bool,
+) -> Result<Owed, RelayError> {
+    if !via_root {
+        return Ok(Owed::EarlierRows);
+    }
     let row = sql
         .query_opt(
             "SELECT i.xmin::text = (SELECT a.xmin::text FROM pg_attribute a \

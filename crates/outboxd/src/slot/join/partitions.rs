@@ -17,13 +17,13 @@ use crate::relay::source::quote_ident;
 use tokio_postgres::Client;
 
 /// `schema.table`, quoted.
-pub(super) fn qualified(t: &OutboxTable) -> String {
+pub(crate) fn qualified(t: &OutboxTable) -> String {
     format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name))
 }
 
 /// Every member below the root (partitions and sub-partitioned ones, by oid) of each of
 /// `tables` that is partitioned, with the root's label.
-pub(super) async fn members(
+pub(crate) async fn members(
     sql: &Client,
     tables: &[OutboxTable],
 ) -> Result<Vec<(u32, String)>, RelayError> {
@@ -64,7 +64,6 @@ pub(super) async fn attached(cfg: &Config, sql: &Client) -> Result<Option<String
 /// How the publication streams partitioned tables (`check`): `Some(true)` as their root
 /// (`publish_via_partition_root`), `Some(false)` under each partition's name; `None` without
 /// the publication.
-#[allow(dead_code)]
 pub async fn via_root(cfg: &Config, sql: &Client) -> Result<Option<bool>, RelayError> {
     Ok(sql
         .query_opt(
