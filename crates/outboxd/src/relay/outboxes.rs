@@ -301,6 +301,29 @@ mod tests {
     }
 
     #[test]
+    fn a_partitions_rows_are_read_as_its_tables() {
+        // A publication without publish_via_partition_root: Relations name the partitions.
+        let mut c = cfg("[[source.tables]]\nname = \"a.outbox\"\n\
+             [[source.tables]]\nname = \"b.outbox\"\ncolumns = { preset = \"debezium\" }\n");
+        c.partitions = vec![(11, "a.outbox".into()), (12, "b.outbox".into())];
+        let mut o = Outboxes::new(&c).unwrap();
+        o.on_relation(&relation(11, "a", "outbox_p0", &OUTBOXD))
+            .unwrap();
+        o.on_relation(&relation(12, "b", "outbox_2026", &DEBEZIUM))
+            .unwrap();
+        assert!(matches!(o.lookup(11), Lookup::Outbox(0, _)));
+        assert!(matches!(o.lookup(12), Lookup::Outbox(1, _)));
+        // Each through its root's mapping: b's partition does not have outboxd's columns.
+        assert!(o
+            .on_relation(&relation(12, "b", "outbox_2026", &OUTBOXD))
+            .is_err());
+        // An unknown relation of the same name shape is someone else's.
+        o.on_relation(&relation(13, "a", "outbox_p1", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(13), Lookup::Other));
+    }
+
+    #[test]
     fn records_name_their_table_only_with_several_tables() {
         let rec = || crate::poison::record::ParkedRecord {
             event_id: "e".into(),

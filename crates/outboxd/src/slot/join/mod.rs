@@ -31,7 +31,8 @@
 //! - each session start ([`resolve`]) and each state write of a streaming session
 //!   ([`changed`]) adds the matching tables the publication lacks when the relay's role may (it
 //!   owns the publication and the table), and otherwise leaves them out, with a warning, until
-//!   someone adds them. Their rows wait in the table; nothing is lost.
+//!   someone adds them. Their rows wait in the table (unless the application deletes them: see
+//!   the statistics check below, which then stops the relay rather than guess).
 //!
 //! # Exactness: what a table that joins late is owed
 //! The slot's state row records which tables are taken care of (`joined_tables`, oids). At
