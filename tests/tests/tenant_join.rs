@@ -328,3 +328,47 @@ async fn a_delete_after_insert_tenant_joining_late_halts_instead_of_losing() -> 
     );
     Ok(())
 }
+
+/// A listed partitioned table through a publication of partitions (not outboxd's to change):
+/// rows in either partition arrive under the table's name, and a partition attached while the
+/// relay streams has the rows it held before republished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_partitioned_table_relays_under_its_name_and_takes_an_attached_partition(
+) -> anyhow::Result<()> {
+    let mut env = Env::start("join_listed_parts").await?;
+    create_topics(&env.bootstrap(), &["billing.events"], 2).await?;
+    let c = env.sql().await?;
+    c.batch_execute(
+        "ALTER PUBLICATION outbox_pub SET (publish_via_partition_root = false); \
+         CREATE SCHEMA billing; \
+         CREATE TABLE billing.outbox (LIKE public.outbox INCLUDING DEFAULTS, \
+             PRIMARY KEY (event_id, aggregate_type)) PARTITION BY LIST (aggregate_type); \
+         CREATE TABLE billing.outbox_acct PARTITION OF billing.outbox FOR VALUES IN ('acct'); \
+         CREATE TABLE billing.outbox_card PARTITION OF billing.outbox FOR VALUES IN ('card')",
+    )
+    .await?;
+    env.extra_toml = "[[source.tables]]\nname = \"public.outbox\"\n\
+                      [[source.tables]]\nname = \"billing.outbox\"\ntopic = \"billing.events\"\n"
+        .into();
+    outboxd::init(&env.config()?).await?;
+    let relay = Relay::start(env.config()?);
+    let mut ids = rows(&c, "billing.outbox", "B", "acct", 1, 100).await?;
+    ids.extend(rows(&c, "billing.outbox", "K", "card", 1, 100).await?);
+    all_delivered(&env, "billing.events", "billing.outbox", &ids)?;
+    let (_, out) = outboxd_cli(&["check"], &env.config_file()?);
+    assert!(out.contains("under each partition's name"), "{out}");
+
+    c.batch_execute("CREATE TABLE billing.outbox_old (LIKE billing.outbox INCLUDING DEFAULTS)")
+        .await?;
+    ids.extend(rows(&c, "billing.outbox_old", "O", "old", 1, 150).await?);
+    c.batch_execute(
+        "ALTER TABLE billing.outbox ATTACH PARTITION billing.outbox_old FOR VALUES IN ('old')",
+    )
+    .await?;
+    ids.extend(rows(&c, "billing.outbox", "O", "old", 151, 50).await?);
+    ids.extend(rows(&c, "billing.outbox", "B", "acct", 101, 50).await?);
+    all_delivered(&env, "billing.events", "billing.outbox", &ids)?;
+    assert!(!relay.is_finished(), "the relay kept running");
+    relay.shutdown().await?;
+    Ok(())
+}
