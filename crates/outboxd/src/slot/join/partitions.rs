@@ -52,7 +52,11 @@ pub(super) async fn leaves(sql: &Client, oid: u32) -> Result<Vec<u32>, RelayErro
 }
 
 /// While a session streams: a partition that joined one of its tables since it started
-/// (`ATTACH PARTITION`, or `CREATE TABLE … PARTITION OF`). Says which.
+/// (`ATTACH PARTITION`, or `CREATE TABLE … PARTITION OF`). Says which. A partition that left
+/// (detached, dropped) does not end the session: rows it committed before may still be ahead
+/// in the stream, and without `publish_via_partition_root` only this session's mapping (by
+/// oid, from when it was a partition) reads them; a detached table's later rows are then read
+/// as the outbox's until the session ends (spurious events, never a loss).
 pub(super) async fn attached(cfg: &Config, sql: &Client) -> Result<Option<String>, RelayError> {
     let now = members(sql, &cfg.tables()).await?;
     Ok(now
