@@ -2,7 +2,7 @@
 //! entries (new tenants without a restart) and every late addition, exactly (R44, issue 30).
 //!
 //! # What Postgres does (measured on 15.18 with pgoutput and psql; `tests/tests/multi_table_pattern.rs`
-//! passes on 14.23, 15.18, 17.10 and 18.4)
+//! passes on 14.23, 15.18, 17.10 and 18.4, `tests/tests/tenant_join.rs` on 14.23, 15.18 and 18.4)
 //! - pgoutput decodes a table's inserts from the WAL position where the table joined the
 //!   publication on: a row committed before is never streamed, and so is a row a transaction
 //!   wrote *before* the join even when it commits after it (`ALTER PUBLICATION … ADD TABLE`
