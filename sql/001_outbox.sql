@@ -22,7 +22,8 @@ CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON public.outbox (created_at);
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'outbox_pub') THEN
-        CREATE PUBLICATION outbox_pub FOR TABLE public.outbox WITH (publish = 'insert');
+        CREATE PUBLICATION outbox_pub FOR TABLE public.outbox
+            WITH (publish = 'insert', publish_via_partition_root = true);
     END IF;
 END
 $$;

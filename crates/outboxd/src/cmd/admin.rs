@@ -237,7 +237,8 @@ async fn init_table(
             .get(0);
         if !has_pub {
             sql.batch_execute(&format!(
-                "CREATE PUBLICATION {} FOR TABLE {qualified} WITH (publish = 'insert')",
+                "CREATE PUBLICATION {} FOR TABLE {qualified} \
+                 WITH (publish = 'insert', publish_via_partition_root = true)",
                 quote_ident(&cfg.source.publication)
             ))
             .await?;

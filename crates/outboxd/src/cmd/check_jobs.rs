@@ -1,7 +1,9 @@
 //! What `outboxd check` says about the jobs beside streaming: cleanup (can its role delete, and
 //! where does it run), shadow mode (do the legacy topics exist), the replay audit (is its
 //! guard installed and enabled, is the database's approval policy this config's) and the
-//! schema validation of each table (is its schema directory there).
+//! schema validation of each table (is its schema directory there), and the tenants of
+//! `[[source.tables]]` (how partitioned tables are published, delete-after-insert tables a late
+//! join could not republish).
 
 use super::admin::CheckLine;
 use crate::config::Config;
@@ -18,7 +20,112 @@ pub async fn lines(cfg: &Config, topics: Option<&[String]>) -> Vec<CheckLine> {
     }
     out.extend(replay(cfg).await);
     out.extend(schemas(cfg));
+    out.extend(tenants(cfg).await);
     out
+}
+
+/// Partitioned outbox tables: how the publication streams them (as their root, or under each
+/// partition's name, mapped by the relay). With patterns and no event trigger: matching tables
+/// whose rows the application deletes, for which a late join would find nothing to republish
+/// (the relay halts on one, `crate::slot::join`). Nothing when Postgres is unreachable (said
+/// elsewhere).
+async fn tenants(cfg: &Config) -> Vec<CheckLine> {
+    let Ok(sql) = crate::relay::source::sql_connect(cfg).await else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let session = crate::slot::join::view(cfg).await;
+    let tables = session.tables();
+    let parted = crate::slot::join::partitions::members(&sql, &tables).await;
+    let mut roots: Vec<String> = parted
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, root)| root)
+        .collect();
+    roots.sort();
+    roots.dedup();
+    let p = &cfg.source.publication;
+    if !roots.is_empty() {
+        const WHAT: &str = "partitioned tables";
+        let roots = roots.join(", ");
+        out.push(
+            match crate::slot::join::partitions::via_root(cfg, &sql).await {
+                Ok(Some(true)) => CheckLine::ok(
+                    WHAT,
+                    format!(
+                        "{roots}: publication {p} publishes via the partition root \
+                     (publish_via_partition_root): rows arrive as their table's"
+                    ),
+                ),
+                Ok(_) => CheckLine::warn(
+                    WHAT,
+                    format!(
+                        "{roots}: publication {p} publishes rows under each partition's name \
+                     (publish_via_partition_root = false): the relay maps every partition to \
+                     its table, and republishes the whole table (or partition) when one joins \
+                     later (duplicates); to stream them as their table: ALTER PUBLICATION {p} \
+                     SET (publish_via_partition_root = true) (a publication change: the relay \
+                     republishes its gap)"
+                    ),
+                ),
+                Err(e) => CheckLine::fail(WHAT, e.to_string()),
+            },
+        );
+    }
+    if cfg.has_patterns() {
+        out.extend(deleting(cfg, &sql).await);
+    }
+    out
+}
+
+/// Without the event trigger: the matching tables whose statistics show deleted rows.
+async fn deleting(cfg: &Config, sql: &tokio_postgres::Client) -> Option<CheckLine> {
+    let trigger = format!("outboxd_join_{}", cfg.source.publication);
+    let present: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 \
+                 AND evtenabled <> 'D')",
+            &[&trigger],
+        )
+        .await
+        .ok()?
+        .get(0);
+    if present {
+        return None;
+    }
+    // The matched tables the configuration already reads, and those still outside.
+    let mut matched: Vec<(String, String)> = cfg
+        .tables()
+        .into_iter()
+        .filter(|t| t.discovered.is_some())
+        .map(|t| t.pair())
+        .collect();
+    for f in crate::slot::join::discover(cfg, sql).await.ok()? {
+        matched.push((f.schema, f.table));
+    }
+    let mut names = Vec::new();
+    for (schema, table) in matched {
+        let q = "SELECT COALESCE(sum(n_tup_del), 0)::bigint > 0 FROM pg_stat_user_tables \
+             WHERE relid = to_regclass($1)::oid \
+                OR relid IN (SELECT relid::oid FROM pg_partition_tree(to_regclass($1)))";
+        let name = format!("{}.{}", quote_ident(&schema), quote_ident(&table));
+        if sql.query_one(q, &[&name]).await.ok()?.get::<_, bool>(0) {
+            names.push(format!("{schema}.{table}"));
+        }
+    }
+    (!names.is_empty()).then(|| {
+        CheckLine::warn(
+            "deleted outbox rows",
+            format!(
+                "{} delete their rows (pg_stat_user_tables n_tup_del > 0) and there is no \
+                 event trigger {trigger}: a new table of this kind that joins the publication \
+                 after it was written holds nothing to republish, and the relay halts naming \
+                 it; run `outboxd init --config FILE` as a superuser so that new tenants join \
+                 in the transaction that creates them",
+                names.join(", ")
+            ),
+        )
+    })
 }
 
 /// Each table's `validation.schema_dir` (its own or `[validation]`'s), once per directory

@@ -54,6 +54,12 @@ pub struct Config {
     /// carry the `source_table` header, like the relay's.
     #[serde(skip)]
     pub tagged_table: bool,
+    /// The partitions (every member below the root, by oid) of the partitioned outbox tables a
+    /// session reads, each with its root's `schema.table`: a publication without
+    /// `publish_via_partition_root` streams rows under the partition's name, which the live path
+    /// maps to the root's mapping (filled by `crate::slot::join::resolve`).
+    #[serde(skip)]
+    pub partitions: Vec<(u32, String)>,
     #[serde(default)]
     pub sink: SinkConfig,
     #[serde(default)]

@@ -4,7 +4,9 @@
 //! pgoutput announces a table (a Relation message: id, schema, name, columns) before its first
 //! change in a session and again after its schema changes; the id stays the table's oid. Each
 //! listed table's Relation is resolved against that table's mapping; other published tables'
-//! changes are counted and ignored.
+//! changes are counted and ignored. A partitioned table's rows come under its own Relation
+//! (a publication with `publish_via_partition_root`) or under each partition's (one without):
+//! the partitions the session knows ([`Config::partitions`]) are read as their root.
 
 use crate::config::tables::{OutboxTable, Pattern, SOURCE_TABLE_HEADER};
 use crate::config::Config;
@@ -72,6 +74,8 @@ pub struct Outboxes {
     tagged: bool,
     by_rel: HashMap<u32, (usize, RowMapping)>,
     others: HashSet<u32>,
+    /// Partition oid → its root's index in `tables`.
+    partitions: HashMap<u32, usize>,
 }
 
 impl Outboxes {
@@ -91,7 +95,16 @@ impl Outboxes {
                 })
             })
             .collect::<Result<Vec<_>, RelayError>>()?;
+        let partitions = cfg
+            .partitions
+            .iter()
+            .filter_map(|(oid, root)| {
+                let i = tables.iter().position(|t| &*t.label == root)?;
+                Some((*oid, i))
+            })
+            .collect();
         Ok(Self {
+            partitions,
             tables,
             patterns: cfg.patterns(),
             cfg: cfg.has_patterns().then(|| Box::new(cfg.clone())),
@@ -109,7 +122,8 @@ impl Outboxes {
         let listed = self
             .tables
             .iter()
-            .position(|t| (t.schema.as_str(), t.name.as_str()) == (&rel.namespace, &rel.name));
+            .position(|t| (t.schema.as_str(), t.name.as_str()) == (&rel.namespace, &rel.name))
+            .or_else(|| self.partitions.get(&rel.id).copied());
         match listed {
             Some(i) => {
                 let mut missing = Vec::new();
@@ -284,6 +298,29 @@ mod tests {
         assert!(matches!(o.lookup(3), Lookup::Other));
         // A pattern's records always name their table, however many it matches now.
         assert!(c.tags_records());
+    }
+
+    #[test]
+    fn a_partitions_rows_are_read_as_its_tables() {
+        // A publication without publish_via_partition_root: Relations name the partitions.
+        let mut c = cfg("[[source.tables]]\nname = \"a.outbox\"\n\
+             [[source.tables]]\nname = \"b.outbox\"\ncolumns = { preset = \"debezium\" }\n");
+        c.partitions = vec![(11, "a.outbox".into()), (12, "b.outbox".into())];
+        let mut o = Outboxes::new(&c).unwrap();
+        o.on_relation(&relation(11, "a", "outbox_p0", &OUTBOXD))
+            .unwrap();
+        o.on_relation(&relation(12, "b", "outbox_2026", &DEBEZIUM))
+            .unwrap();
+        assert!(matches!(o.lookup(11), Lookup::Outbox(0, _)));
+        assert!(matches!(o.lookup(12), Lookup::Outbox(1, _)));
+        // Each through its root's mapping: b's partition does not have outboxd's columns.
+        assert!(o
+            .on_relation(&relation(12, "b", "outbox_2026", &OUTBOXD))
+            .is_err());
+        // An unknown relation of the same name shape is someone else's.
+        o.on_relation(&relation(13, "a", "outbox_p1", &OUTBOXD))
+            .unwrap();
+        assert!(matches!(o.lookup(13), Lookup::Other));
     }
 
     #[test]

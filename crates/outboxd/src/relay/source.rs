@@ -66,10 +66,18 @@ pub async fn preflight_opt(
     for t in cfg.tables() {
         let row = sql
             .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2), \
-                        EXISTS (SELECT 1 FROM pg_publication_tables \
-                                WHERE pubname = $3 AND schemaname = $1 AND tablename = $2)",
-                &[&t.schema, &t.name, publication],
+                // A partitioned table is published by its root or its partitions.
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 \
+                         AND tablename = $2), COALESCE({}, false)",
+                    crate::slot::publication::member_sql("$3", "to_regclass($4)::oid")
+                ),
+                &[
+                    &t.schema,
+                    &t.name,
+                    publication,
+                    &format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name)),
+                ],
             )
             .await?;
         let (schema, table) = (&t.schema, &t.name);

@@ -21,7 +21,7 @@
 
 use crate::config::Config;
 use crate::error::RelayError;
-use crate::relay::source::quote_ident;
+use crate::relay::address::quote_ident;
 use tokio_postgres::Client;
 
 /// Prefix of the event trigger's messages.
@@ -69,16 +69,35 @@ pub fn concerns(content: &[u8], publication: &str) -> Option<String> {
     hit.then(|| format!("{tag} on publication {publication:?}"))
 }
 
+/// SQL: whether the relation whose oid is the expression `oid` is in the publication named by
+/// the expression `publication`: listed in `pg_publication_tables` (itself, or for a
+/// partitioned table one of its partitions: a publication without `publish_via_partition_root`
+/// lists only those), or a member by `pg_publication_rel` (a partitioned table without
+/// partitions yet).
+pub fn member_sql(publication: &str, oid: &str) -> String {
+    format!(
+        "(EXISTS (SELECT 1 FROM pg_publication_rel pr JOIN pg_publication pp \
+             ON pp.oid = pr.prpubid WHERE pp.pubname = {publication} AND pr.prrelid = {oid}) \
+          OR EXISTS (SELECT 1 FROM pg_publication_tables pt JOIN pg_namespace pn \
+             ON pn.nspname = pt.schemaname JOIN pg_class pc ON pc.relnamespace = pn.oid \
+             AND pc.relname = pt.tablename WHERE pt.pubname = {publication} \
+             AND (pc.oid = {oid} OR pc.oid IN (SELECT relid FROM pg_partition_tree({oid})))))"
+    )
+}
+
 /// Whether the publication exists, publishes inserts and includes every listed outbox table
-/// right now.
+/// right now (a partitioned one by its root or its partitions, see [`member_sql`]).
 pub async fn covered(cfg: &Config, sql: &Client) -> Result<bool, RelayError> {
     for t in cfg.tables() {
+        let name = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
         let covers: bool = sql
             .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_publication p JOIN pg_publication_tables t \
-                     ON t.pubname = p.pubname \
-                 WHERE p.pubname = $1 AND p.pubinsert AND t.schemaname = $2 AND t.tablename = $3)",
-                &[&cfg.source.publication, &t.schema, &t.name],
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM pg_publication p \
+                     WHERE p.pubname = $1 AND p.pubinsert) AND COALESCE({}, false)",
+                    member_sql("$1", "to_regclass($2)::oid")
+                ),
+                &[&cfg.source.publication, &name],
             )
             .await?
             .get(0);
@@ -143,10 +162,19 @@ async fn published(cfg: &Config, sql: &Client) -> Result<Option<Vec<String>>, Re
     if !exists(cfg, sql).await? {
         return Ok(None);
     }
+    // A partition's rows are its root's (published under the partition's own name without
+    // publish_via_partition_root): the root is what is listed.
     let rows = sql
         .query(
-            "SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables \
-             WHERE pubname = $1 ORDER BY 1",
+            "SELECT DISTINCT rn.nspname::text || '.' || rc.relname::text \
+             FROM pg_publication_tables t JOIN pg_namespace n ON n.nspname = t.schemaname \
+             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename \
+             JOIN pg_class rc ON rc.oid = COALESCE(pg_partition_root(c.oid), c.oid) \
+             JOIN pg_namespace rn ON rn.oid = rc.relnamespace \
+             WHERE t.pubname = $1 \
+             UNION SELECT n.nspname::text || '.' || c.relname::text FROM pg_publication_rel pr \
+             JOIN pg_publication p ON p.oid = pr.prpubid JOIN pg_class c ON c.oid = pr.prrelid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE p.pubname = $1 ORDER BY 1",
             &[&cfg.source.publication],
         )
         .await?;

@@ -2,7 +2,7 @@
 //! entries (new tenants without a restart) and every late addition, exactly (R44, issue 30).
 //!
 //! # What Postgres does (measured on 15.18 with pgoutput and psql; `tests/tests/multi_table_pattern.rs`
-//! passes on 14.23, 15.18, 17.10 and 18.4)
+//! passes on 14.23, 15.18, 17.10 and 18.4, `tests/tests/tenant_join.rs` on 14.23, 15.18 and 18.4)
 //! - pgoutput decodes a table's inserts from the WAL position where the table joined the
 //!   publication on: a row committed before is never streamed, and so is a row a transaction
 //!   wrote *before* the join even when it commits after it (`ALTER PUBLICATION … ADD TABLE`
@@ -19,7 +19,7 @@
 //!   addition (no gap) rather than a change that skipped rows.
 //!
 //! # Who adds a table
-//! - `outboxd init` (as a superuser) installs [`joiner_sql`]: an event trigger that adds every
+//! - `outboxd init` (as a superuser) installs [`trigger::joiner_sql`]: an event trigger that adds every
 //!   table a pattern matches (and a listed table created later) to the publication in the
 //!   transaction that creates it (or renames it into a match), SECURITY DEFINER so that the
 //!   tenant's migration role needs no rights on the publication. It catches no error: an
@@ -31,21 +31,35 @@
 //! - each session start ([`resolve`]) and each state write of a streaming session
 //!   ([`changed`]) adds the matching tables the publication lacks when the relay's role may (it
 //!   owns the publication and the table), and otherwise leaves them out, with a warning, until
-//!   someone adds them. Their rows wait in the table; nothing is lost.
+//!   someone adds them. Their rows wait in the table (unless the application deletes them: see
+//!   the statistics check below, which then stops the relay rather than guess).
 //!
 //! # Exactness: what a table that joins late is owed
 //! The slot's state row records which tables are taken care of (`joined_tables`, oids). At
 //! each session start, before streaming, [`catch_up`] looks at every table of the session that
 //! is not recorded yet:
-//! - "born in the publication": its row type and its `pg_publication_rel` row were written by
-//!   one transaction and no row of the table was written by that transaction before the
-//!   addition (`cmin` below the publication row's). Every row is in the stream: nothing owed.
-//!   (A publication `FOR ALL TABLES` holds every table from its creation: the same.)
+//! - "born in the publication": its `pg_publication_rel` row was written by the transaction
+//!   that created the table (its system columns' `pg_attribute` rows, never rewritten), its name
+//!   and schema are still the creation's (its `pg_type` row is the creation's too: a `RENAME` or
+//!   `SET SCHEMA` rewrites it, and the event trigger adds a table renamed or moved into a match
+//!   in that same transaction, so the type row alone proves nothing — issue 39), and no row of
+//!   the table was written by that transaction before the addition (`cmin` below the
+//!   publication row's). Every row is in the stream: nothing owed. (A publication `FOR ALL
+//!   TABLES` holds every table from its creation: the same for a pattern's table whose name is
+//!   its creation's.) The catalog facts: [`owed`].
+//! - a partition of a partitioned outbox (each member below the root is recorded too): owed
+//!   nothing when it was created as one (`pg_inherits` written by its creation), the rows it
+//!   held before otherwise (`ATTACH PARTITION`), read through the root (`tableoid`); see
+//!   [`partitions`].
 //! - otherwise its earlier rows were not streamed. Wait until every transaction that holds a
 //!   write lock on the table now has ended (pg_locks: every straddler holds RowExclusiveLock
 //!   since its first row), then read the whole table under one snapshot and republish every
 //!   row through the session's stages (the recovery path: same router, parking, records), in
-//!   per-aggregate version order, before the stream starts. The snapshot sees every row the
+//!   per-aggregate version order, before the stream starts. Before that, the table's
+//!   statistics must show that it still holds every row written to it ([`owed::proven_whole`]:
+//!   no delete, no more inserts than rows): an application that deletes its outbox rows
+//!   (Debezium's insert-then-delete) leaves nothing to republish, and the relay stops naming
+//!   the table and the fix instead of recording it as joined on a guess. The snapshot sees every row the
 //!   stream lacks: those committed before the join, and the straddlers' (they committed
 //!   before it was taken). It may see rows the stream also delivers (committed after the
 //!   join): duplicates with their own `event_id`, after the republished ones, so the first
@@ -79,15 +93,22 @@ use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::kafka::{Ack, Producer};
-use crate::relay::source::{self, quote_ident};
+use crate::relay::source;
 use crate::relay::stages::Stages;
 use crate::relay::table_reader::{self, Flow, NoHooks, TableReader};
 use crate::slot::publication;
 use crate::slot::state as slot_state;
+use owed::Owed;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::Client;
+
+mod owed;
+pub(crate) mod partitions;
+mod trigger;
+
+pub use trigger::install;
 
 /// Most tables one relay reads (listed and discovered).
 pub const MAX_TABLES: usize = 256;
@@ -115,13 +136,12 @@ pub async fn discover(cfg: &Config, sql: &Client) -> Result<Vec<Found>, RelayErr
         let rows = sql
             .query(
                 &format!(
-                    "SELECT n.nspname::text, c.relname::text, EXISTS (SELECT 1 \
-                     FROM pg_publication_tables t WHERE t.pubname = $3 \
-                       AND t.schemaname = n.nspname AND t.tablename = c.relname) \
+                    "SELECT n.nspname::text, c.relname::text, {member} \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
                    AND n.nspname LIKE $1 AND c.relname LIKE $2 \
-                   AND NOT ({OWN_TABLES}) ORDER BY 1, 2"
+                   AND NOT ({OWN_TABLES}) ORDER BY 1, 2",
+                    member = publication::member_sql("$3", "c.oid")
                 ),
                 &[&p.schema, &p.table, &cfg.source.publication],
             )
@@ -157,6 +177,13 @@ pub async fn discover(cfg: &Config, sql: &Client) -> Result<Vec<Found>, RelayErr
 /// is in the publication (added now when this role may). A configuration without patterns is
 /// returned as it is.
 pub async fn resolve(cfg: &Config, sql: &Client) -> Result<Config, RelayError> {
+    let mut resolved = resolve_patterns(cfg, sql).await?;
+    resolved.partitions = partitions::members(sql, &resolved.tables()).await?;
+    Ok(resolved)
+}
+
+/// [`resolve`]'s tables.
+async fn resolve_patterns(cfg: &Config, sql: &Client) -> Result<Config, RelayError> {
     if !cfg.has_patterns() {
         return Ok(cfg.clone());
     }
@@ -218,12 +245,16 @@ async fn record_published(cfg: &Config, sql: &Client, found: &[Found]) {
 /// `refused`: the tables this session could not add (said once each).
 /// Or a table a pattern matched that no longer exists (a tenant dropped): ended too, rather
 /// than found missing from the publication, which would be taken for a publication change.
+/// Or a partition that joined a partitioned outbox table (listed or matched).
 /// Says what changed.
 pub async fn changed(
     cfg: &Config,
     sql: &Client,
     refused: &mut Vec<String>,
 ) -> Result<Option<String>, RelayError> {
+    if let Some(what) = partitions::attached(cfg, sql).await? {
+        return Ok(Some(what));
+    }
     if !cfg.has_patterns() {
         return Ok(None);
     }
@@ -295,13 +326,6 @@ pub struct Out<'a> {
     pub shutdown: &'a mut watch::Receiver<bool>,
 }
 
-/// [`catch_up`]'s verdict on one table.
-#[derive(Debug, PartialEq, Eq)]
-enum Owed {
-    Nothing,
-    EarlierRows,
-}
-
 /// Steps of the module docs, before the session streams. `Ok(false)`: shutdown was requested
 /// first (what was republished stays owed: the table is not recorded).
 pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool, RelayError> {
@@ -325,89 +349,117 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
         oids.push((oid_of(out.st.sql(), &t).await?, t));
     }
     let Some(joined) = joined else {
-        let all: Vec<u32> = oids.iter().map(|(o, _)| *o).collect();
+        let mut all: Vec<u32> = oids.iter().map(|(o, _)| *o).collect();
+        all.extend(cfg.partitions.iter().map(|(o, _)| *o));
         slot_state::add_joined(out.st.sql(), &slot, &all).await?;
         return Ok(true);
     };
-    for (oid, t) in oids.into_iter().filter(|(o, _)| !joined.contains(o)) {
-        // Retried (the GRANT can come while the relay waits), not a stop.
-        let owed = owed(cfg, out.st.sql(), oid, &t).await.map_err(|e| {
-            RelayError::Postgres(format!(
-                "reading {}, which joined the publication: {e}. The relay's role reads every \
-                 table it relays (GRANT SELECT ON it; for tables a pattern matches, ALTER \
-                 DEFAULT PRIVILEGES … GRANT SELECT ON TABLES TO the relay's role in the \
-                 tenants' schemas, see docs/operations.md)",
-                t.label()
-            ))
-        })?;
-        if owed == Owed::EarlierRows {
-            tracing::warn!(table = %t.label(), "the table joined the publication after it held rows: republishing every row it holds (duplicates of rows the stream also delivers carry the same event_id)");
-            wait_for_writers(out.st.sql(), oid, &t, out.shutdown).await?;
-            if !republish(cfg, &t, out, lsn).await? {
-                return Ok(false);
+    let via_root = partitions::via_root(cfg, out.st.sql())
+        .await?
+        .unwrap_or(true);
+    for (oid, t) in &oids {
+        let members: Vec<u32> = cfg
+            .partitions
+            .iter()
+            .filter(|(_, root)| *root == t.label())
+            .map(|(o, _)| *o)
+            .collect();
+        if !joined.contains(oid) {
+            // Retried (the GRANT can come while the relay waits), not a stop.
+            let qualified = partitions::qualified(t);
+            let discovered = t.discovered.is_some();
+            let owed = owed::table(cfg, out.st.sql(), *oid, &qualified, discovered, via_root)
+                .await
+                .map_err(|e| unreadable(t, e))?;
+            if owed == Owed::EarlierRows {
+                tracing::warn!(table = %t.label(), "the table joined the publication after it held rows: republishing every row it holds (duplicates of rows the stream also delivers carry the same event_id)");
+                let mut rels = vec![*oid];
+                rels.extend(&members);
+                if !owed_rows(cfg, out, lsn, t, &rels, "TRUE").await? {
+                    return Ok(false);
+                }
+            } else {
+                tracing::info!(table = %t.label(), "a table joined the publication when it was created: streamed from its first row");
             }
-        } else {
-            tracing::info!(table = %t.label(), "a table joined the publication when it was created: streamed from its first row");
+            // Its partitions are covered by the table's verdict.
+            let mut done = vec![*oid];
+            done.extend(&members);
+            slot_state::add_joined(out.st.sql(), &slot, &done).await?;
+            continue;
         }
-        slot_state::add_joined(out.st.sql(), &slot, &[oid]).await?;
+        for m in members.iter().filter(|m| !joined.contains(m)) {
+            let qualified = partitions::qualified(t);
+            let owed = owed::partition(out.st.sql(), *m, &qualified, via_root)
+                .await
+                .map_err(|e| unreadable(t, e))?;
+            let leaves = partitions::leaves(out.st.sql(), *m).await?;
+            if owed == Owed::EarlierRows && !leaves.is_empty() {
+                tracing::warn!(table = %t.label(), partition = m, "a partition joined the table after it held rows (ATTACH PARTITION): republishing every row it holds");
+                let list: Vec<String> = leaves.iter().map(|l| format!("{l}::oid")).collect();
+                let filter = format!("tableoid IN ({})", list.join(", "));
+                let mut rels = vec![*m];
+                rels.extend(&leaves);
+                if !owed_rows(cfg, out, lsn, t, &rels, &filter).await? {
+                    return Ok(false);
+                }
+            }
+            slot_state::add_joined(out.st.sql(), &slot, &[*m]).await?;
+        }
     }
     Ok(true)
+}
+
+/// A table that joined cannot be read: retried (the GRANT can come while the relay waits).
+fn unreadable(t: &OutboxTable, e: RelayError) -> RelayError {
+    RelayError::Postgres(format!(
+        "reading {}, which joined the publication: {e}. The relay's role reads every \
+         table it relays (GRANT SELECT ON it; for tables a pattern matches, ALTER \
+         DEFAULT PRIVILEGES … GRANT SELECT ON TABLES TO the relay's role in the \
+         tenants' schemas, see docs/operations.md)",
+        t.label()
+    ))
+}
+
+/// The rows of `t` matching `filter` (those of relations `rels`, partitions included) are
+/// owed: once the writers that straddled the join ended and the statistics prove nothing is
+/// gone, every one is republished. `Ok(false)`: shutdown first.
+async fn owed_rows(
+    cfg: &Config,
+    out: &mut Out<'_>,
+    lsn: u64,
+    t: &OutboxTable,
+    rels: &[u32],
+    filter: &str,
+) -> Result<bool, RelayError> {
+    wait_for_writers(out.st.sql(), rels, t, out.shutdown).await?;
+    let (qualified, label) = (partitions::qualified(t), t.label());
+    let whole = owed::proven_whole(
+        cfg,
+        out.st.sql(),
+        &label,
+        &qualified,
+        rels,
+        filter,
+        out.shutdown,
+    );
+    if !whole.await? {
+        return Ok(false);
+    }
+    republish(cfg, t, out, lsn, filter).await
 }
 
 async fn oid_of(sql: &Client, t: &OutboxTable) -> Result<u32, RelayError> {
     let q = format!(
         "SELECT '{}'::regclass::oid",
-        format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name)).replace('\'', "''")
+        partitions::qualified(t).replace('\'', "''")
     );
     Ok(sql.query_one(&q, &[]).await?.get(0))
 }
 
-/// Is anything of `t` missing from the stream? See the module docs ("born in the publication").
-async fn owed(cfg: &Config, sql: &Client, oid: u32, t: &OutboxTable) -> Result<Owed, RelayError> {
-    let row = sql
-        .query_opt(
-            "SELECT p.puballtables, \
-                    COALESCE(ty.xmin, c.xmin)::text = pr.xmin::text, pr.xmin::text, \
-                    pr.cmin::text::bigint \
-             FROM pg_publication p JOIN pg_class c ON c.oid = $2 \
-             LEFT JOIN pg_type ty ON ty.oid = c.reltype \
-             LEFT JOIN pg_publication_rel pr ON pr.prpubid = p.oid AND pr.prrelid = c.oid \
-             WHERE p.pubname = $1",
-            &[&cfg.source.publication, &oid],
-        )
-        .await?;
-    let Some(row) = row else {
-        return Ok(Owed::EarlierRows);
-    };
-    if row.get::<_, bool>(0) {
-        return Ok(Owed::Nothing);
-    }
-    let (Some(true), Some(xid), Some(cmin)) = (
-        row.get::<_, Option<bool>>(1),
-        row.get::<_, Option<String>>(2),
-        row.get::<_, Option<i64>>(3),
-    ) else {
-        return Ok(Owed::EarlierRows);
-    };
-    let q = format!(
-        "SELECT EXISTS (SELECT 1 FROM {}.{} o WHERE o.xmin = '{}'::xid \
-             AND o.cmin::text::bigint < {cmin})",
-        quote_ident(&t.schema),
-        quote_ident(&t.name),
-        xid.replace('\'', "")
-    );
-    let before: bool = sql.query_one(&q, &[]).await?.get(0);
-    Ok(if before {
-        Owed::EarlierRows
-    } else {
-        Owed::Nothing
-    })
-}
-
-/// Waits until every transaction holding more than a read lock on `oid` now has ended.
+/// Waits until every transaction holding more than a read lock on one of `oids` now has ended.
 async fn wait_for_writers(
     sql: &Client,
-    oid: u32,
+    oids: &[u32],
     t: &OutboxTable,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), RelayError> {
@@ -415,9 +467,9 @@ async fn wait_for_writers(
         .query(
             "SELECT DISTINCT virtualtransaction FROM pg_locks WHERE locktype = 'relation' \
                AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-               AND relation = $1 AND mode <> 'AccessShareLock' \
+               AND relation = ANY($1) AND mode <> 'AccessShareLock' \
                AND pid IS DISTINCT FROM pg_backend_pid()",
-            &[&oid],
+            &[&oids],
         )
         .await?
         .iter()
@@ -428,9 +480,9 @@ async fn wait_for_writers(
     loop {
         let left: i64 = sql
             .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = $1 \
-                   AND virtualtransaction = ANY($2)",
-                &[&oid, &writers],
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' \
+                   AND relation = ANY($1) AND virtualtransaction = ANY($2)",
+                &[&oids, &writers],
             )
             .await?
             .get(0);
@@ -448,12 +500,14 @@ async fn wait_for_writers(
     }
 }
 
-/// Every row of `t`, under one snapshot, through the stages (the recovery path).
+/// Every row of `t` matching `filter`, under one snapshot, through the stages (the recovery
+/// path).
 async fn republish(
     cfg: &Config,
     t: &OutboxTable,
     out: &mut Out<'_>,
     lsn: u64,
+    filter: &str,
 ) -> Result<bool, RelayError> {
     // The synthetic transactions' commit time: the delivery mark as it is (the stream may
     // be behind the join, so nothing newer is proven delivered by this).
@@ -469,7 +523,7 @@ async fn republish(
     let names = t.columns.resolve()?;
     let (relation, _) = table_reader::relation_of(t, &reader).await?;
     let order = crate::slot::recovery::version_order(&names, &reader, &relation).await?;
-    let mut r = TableReader::cursor(t, reader, "TRUE", &order, lsn, mark, "join_produced").await?;
+    let mut r = TableReader::cursor(t, reader, filter, &order, lsn, mark, "join_produced").await?;
     let flow = r
         .publish(
             cfg,
@@ -486,114 +540,4 @@ async fn republish(
     r.client().batch_execute("COMMIT").await?;
     tracing::warn!(table = %t.label(), events = r.sent(), "republished the rows the table held when it joined the publication: every one is acknowledged by the broker");
     Ok(true)
-}
-
-/// `init`: the event trigger that adds a new matching (or listed) table to the publication in
-/// the transaction that creates it. One per publication; its function runs as its owner (the
-/// superuser that ran `init`), so tenants' roles need no rights on the publication.
-pub fn joiner_sql(cfg: &Config) -> String {
-    let publication = &cfg.source.publication;
-    let name: String = format!("outboxd_join_{publication}")
-        .chars()
-        .take(63)
-        .collect();
-    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
-    let mut conds: Vec<String> = cfg
-        .patterns()
-        .iter()
-        .map(|(_, p)| {
-            format!(
-                "(r.nspname LIKE {} AND r.relname LIKE {})",
-                lit(&p.schema),
-                lit(&p.table)
-            )
-        })
-        .collect();
-    conds.extend(
-        cfg.tables()
-            .iter()
-            .filter(|t| t.discovered.is_none())
-            .map(|t| {
-                format!(
-                    "(r.nspname = {} AND r.relname = {})",
-                    lit(&t.schema),
-                    lit(&t.name)
-                )
-            }),
-    );
-    format!(
-        "CREATE OR REPLACE FUNCTION public.{name}() RETURNS event_trigger \
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$ \
-DECLARE r record; \
-BEGIN \
-  FOR r IN SELECT DISTINCT c.oid, n.nspname::text AS nspname, c.relname::text AS relname \
-           FROM pg_event_trigger_ddl_commands() d JOIN pg_class c ON c.oid = d.objid \
-           JOIN pg_namespace n ON n.oid = c.relnamespace \
-           WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p') \
-             AND c.relpersistence = 'p' AND NOT c.relispartition AND NOT ({OWN_TABLES}) LOOP \
-    IF ({conds}) AND NOT EXISTS (SELECT 1 FROM pg_publication_rel pr \
-        JOIN pg_publication p ON p.oid = pr.prpubid \
-        WHERE p.pubname = {pubname} AND pr.prrelid = r.oid) THEN \
-      EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', {pubname}, r.nspname, r.relname); \
-    END IF; \
-  END LOOP; \
-END $fn$; \
-DROP EVENT TRIGGER IF EXISTS {name}; \
-CREATE EVENT TRIGGER {name} ON ddl_command_end \
-  WHEN TAG IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') \
-  EXECUTE FUNCTION public.{name}();",
-        conds = conds.join(" OR "),
-        pubname = lit(publication),
-    )
-}
-
-/// `init`: installs [`joiner_sql`] when the role may (a superuser) and there is a pattern, and
-/// adds the matching tables the publication lacks. Says what it did.
-pub async fn install(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayError> {
-    if !cfg.has_patterns() {
-        return Ok(Vec::new());
-    }
-    let mut said = Vec::new();
-    if !publication::exists(cfg, sql).await? {
-        // Only patterns and no table yet: the tables join it as they come.
-        sql.batch_execute(&format!(
-            "CREATE PUBLICATION {} WITH (publish = 'insert')",
-            quote_ident(&cfg.source.publication)
-        ))
-        .await?;
-        said.push(format!(
-            "publication {} created (empty)",
-            cfg.source.publication
-        ));
-    }
-    if publication::superuser(sql).await? {
-        let ddl = crate::schema::qualified(&joiner_sql(cfg), &crate::schema::current(sql).await?);
-        sql.batch_execute(&ddl).await?;
-        said.push(format!(
-            "event trigger outboxd_join_{} installed: a new table the patterns match joins \
-             publication {} in the transaction that creates it",
-            cfg.source.publication, cfg.source.publication
-        ));
-    } else {
-        said.push(
-            "event trigger outboxd_join_… NOT installed (CREATE EVENT TRIGGER needs a \
-             superuser): new tables the patterns match join when `outboxd init` runs again or \
-             a relay that may add them starts a session; their earlier rows are then \
-             republished"
-                .into(),
-        );
-    }
-    for f in discover(cfg, sql)
-        .await?
-        .into_iter()
-        .filter(|f| !f.published)
-    {
-        publication::add_table(cfg, sql, &f.schema, &f.table).await?;
-        said.push(format!(
-            "publication {} extended with {}.{} (pattern): the relay republishes the rows it \
-             held before",
-            cfg.source.publication, f.schema, f.table
-        ));
-    }
-    Ok(said)
 }
