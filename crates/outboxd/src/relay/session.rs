@@ -286,6 +286,11 @@ pub async fn run_session_as(
                         }
                         // Before a probe may be adopted: never past a change of the publication.
                         if !sql_bounded(publication::covered(cfg, st.sql())).await? {
+                            // Nor one dropped between the two checks.
+                            let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused);
+                            if let Some(what) = sql_bounded(changed).await? {
+                                return Err(RelayError::TablesChanged(what));
+                            }
                             return Err(RelayError::PublicationChanged(
                                 "the outbox table is not in the publication (or it publishes no \
                                  inserts)".into(),
