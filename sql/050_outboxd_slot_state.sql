@@ -28,6 +28,12 @@ ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS recovering_xid xi
 -- nothing): a table that joins later has them republished once (crates/outboxd/src/slot/join.rs).
 -- NULL until a session first records the tables published then.
 ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS joined_tables oid[];
+-- The partitions a relay read as their root's (a publication without publish_via_partition_root
+-- streams rows under each partition's own oid), kept after one leaves (DETACH, DROP) until the
+-- slot passed the position where it was first seen gone: a later session still reads the rows
+-- it committed as a partition (crates/outboxd/src/slot/join/partitions.rs). A JSON array of
+-- {"oid": …, "root": "schema.table", "left_at": "X/Y" or null}.
+ALTER TABLE public.outboxd_slot_state ADD COLUMN IF NOT EXISTS partitions_seen jsonb;
 
 -- Bounds (issue 27): the relay's role writes this row, so a leaked relay credential could claim
 -- progress that never happened — a delivery mark or transaction id in the future empties a

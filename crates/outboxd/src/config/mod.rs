@@ -60,6 +60,11 @@ pub struct Config {
     /// maps to the root's mapping (filled by `crate::slot::join::resolve`).
     #[serde(skip)]
     pub partitions: Vec<(u32, String)>,
+    /// Tables that were such partitions and left (detached, dropped) while rows of theirs may
+    /// still be ahead of the slot: still read as their root's until the slot passed the moment
+    /// they were seen gone (`crate::slot::join::partitions::remember`).
+    #[serde(skip)]
+    pub left_partitions: Vec<(u32, String)>,
     #[serde(default)]
     pub sink: SinkConfig,
     #[serde(default)]

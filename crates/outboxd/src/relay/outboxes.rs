@@ -98,6 +98,7 @@ impl Outboxes {
         let partitions = cfg
             .partitions
             .iter()
+            .chain(&cfg.left_partitions)
             .filter_map(|(oid, root)| {
                 let i = tables.iter().position(|t| &*t.label == root)?;
                 Some((*oid, i))

@@ -109,14 +109,15 @@ pub async fn guard_installed(sql: &Client) -> Result<bool, RelayError> {
         .get(0))
 }
 
-/// `joined_tables` (crate::slot::join): optional for a relay without patterns, so a role that
-/// cannot add it goes on (late joins are then not tracked; `outboxd init` adds it).
+/// `joined_tables` and `partitions_seen` (crate::slot::join): optional for a relay without
+/// patterns or partitioned tables, so a role that cannot add them goes on (late joins and left
+/// partitions are then not tracked; `outboxd init` adds them).
 async fn has_joined_column(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+            "SELECT count(*) = 2 FROM pg_attribute \
              WHERE attrelid = to_regclass('outboxd_slot_state') \
-               AND attname = 'joined_tables' AND NOT attisdropped)",
+               AND attname IN ('joined_tables', 'partitions_seen') AND NOT attisdropped",
             &[],
         )
         .await?
@@ -387,6 +388,61 @@ pub async fn add_joined(sql: &Client, slot: &str, oids: &[u32]) -> Result<(), Re
              COALESCE(joined_tables, '{}'::oid[]) || $2::oid[]) ORDER BY 1), updated_at = now() \
          WHERE slot_name = $1",
         &[&slot, &oids],
+    )
+    .await?;
+    Ok(())
+}
+
+/// A partition a session read as its root's ([`crate::slot::join::partitions::remember`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SeenPartition {
+    pub oid: u32,
+    /// The root's `schema.table`.
+    pub root: String,
+    /// Where the WAL was when the partition was first seen gone (`None`: a partition still).
+    pub left_at: Option<String>,
+}
+
+/// The partitions recorded for `slot`, and its `acked_lsn`. `Ok(None)`: no row yet. Err when
+/// the column is missing (a table this role could not upgrade).
+pub async fn partitions_seen(
+    sql: &Client,
+    slot: &str,
+) -> Result<Option<(Vec<SeenPartition>, u64)>, RelayError> {
+    let Some(r) = sql
+        .query_opt(
+            "SELECT partitions_seen::text, (acked_lsn - '0/0')::bigint FROM outboxd_slot_state \
+             WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let seen = match r.get::<_, Option<String>>(0) {
+        Some(j) => serde_json::from_str(&j).map_err(|e| {
+            RelayError::Setup(format!(
+                "outboxd_slot_state.partitions_seen of slot {slot} is not what outboxd writes \
+                 ({e}): set it to NULL to forget it (partitions left since are then read as \
+                 other tables)"
+            ))
+        })?,
+        None => Vec::new(),
+    };
+    Ok(Some((seen, r.get::<_, i64>(1) as u64)))
+}
+
+/// Replaces the partitions recorded for `slot`.
+pub async fn set_partitions_seen(
+    sql: &Client,
+    slot: &str,
+    seen: &[SeenPartition],
+) -> Result<(), RelayError> {
+    let json = serde_json::to_string(seen).map_err(|e| RelayError::Setup(e.to_string()))?;
+    sql.execute(
+        "UPDATE outboxd_slot_state SET partitions_seen = $2::text::jsonb, updated_at = now() \
+         WHERE slot_name = $1",
+        &[&slot, &json],
     )
     .await?;
     Ok(())

@@ -179,6 +179,7 @@ pub async fn discover(cfg: &Config, sql: &Client) -> Result<Vec<Found>, RelayErr
 pub async fn resolve(cfg: &Config, sql: &Client) -> Result<Config, RelayError> {
     let mut resolved = resolve_patterns(cfg, sql).await?;
     resolved.partitions = partitions::members(sql, &resolved.tables()).await?;
+    resolved.left_partitions = partitions::remember(&resolved, sql).await?;
     Ok(resolved)
 }
 
@@ -330,6 +331,8 @@ pub struct Out<'a> {
 /// first (what was republished stays owed: the table is not recorded).
 pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool, RelayError> {
     let slot = cfg.source.slot.clone();
+    // A first session's state row exists only now: its partitions are recorded here.
+    partitions::remember(cfg, out.st.sql()).await?;
     let joined = match slot_state::joined(out.st.sql(), &slot).await {
         Ok(j) => j,
         // A state table this role could not upgrade: without patterns, today's behaviour.

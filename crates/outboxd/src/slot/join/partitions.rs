@@ -9,11 +9,21 @@
 //! read by [`crate::relay::outboxes::Outboxes`]). A partition attached while a session
 //! streams is noticed with the next state write ([`attached`]); the next session republishes
 //! what it held before ([`super::owed::partition`]).
+//!
+//! A partition that leaves (`DETACH PARTITION`, `DROP TABLE`) while rows it committed as a
+//! partition are still ahead of the slot: through such a publication those rows come under its
+//! own oid, and a later session, which no longer finds it under the root, would read them as
+//! another table's and confirm past them. So every session records the partitions it maps in
+//! the slot's state row ([`remember`]), and keeps mapping one that left until the slot confirmed
+//! past the WAL position where it was first seen gone: its DETACH or DROP committed before that,
+//! so every row it holds as a partition is before it too.
 
 use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::relay::lsn::{fmt_lsn, parse_lsn};
 use crate::relay::source::quote_ident;
+use crate::slot::state::{self as slot_state, SeenPartition};
 use tokio_postgres::Client;
 
 /// `schema.table`, quoted.
@@ -76,4 +86,118 @@ pub async fn via_root(cfg: &Config, sql: &Client) -> Result<Option<bool>, RelayE
         )
         .await?
         .map(|r| r.get(0)))
+}
+
+/// Records the partitions `cfg` maps now (its `partitions`) in the slot's state row, and
+/// returns those recorded before that left since and are still owed a read as their root's
+/// (see the module's prose): they become `left_partitions`. Only through a publication without
+/// `publish_via_partition_root` (with it, a partition's rows come as the root's whatever
+/// happens to the partition). Nothing recorded yet (a first session: no row), or a state
+/// table this role could not upgrade (warned): nothing to keep.
+pub(crate) async fn remember(cfg: &Config, sql: &Client) -> Result<Vec<(u32, String)>, RelayError> {
+    if via_root(cfg, sql).await? != Some(false) {
+        return Ok(Vec::new());
+    }
+    let slot = &cfg.source.slot;
+    let (before, acked) = match slot_state::partitions_seen(sql, slot).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return Ok(Vec::new()),
+        Err(e @ RelayError::Setup(_)) => return Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "outboxd_slot_state.partitions_seen cannot be read: a partition detached while rows of it wait in the slot is read as another table's (run `outboxd init` as the admin role to add the column)");
+            return Ok(Vec::new());
+        }
+    };
+    let (now, left) = seen_after(&cfg.partitions, &before, acked, || async {
+        let at: String = sql
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await?
+            .get(0);
+        parse_lsn(&at)
+    })
+    .await?;
+    if now != before {
+        slot_state::set_partitions_seen(sql, slot, &now).await?;
+    }
+    for (oid, root) in &left {
+        tracing::info!(partition = oid, table = %root, "a partition left its outbox table while rows of it may be ahead of the slot: still read as the table's until the slot passes where it was seen gone");
+    }
+    Ok(left)
+}
+
+/// [`remember`]'s bookkeeping: the record to keep (`current` partitions, and those of `before`
+/// that left, stamped with `here()` when first seen gone, until `acked` passed that), and the
+/// ones that left and are still owed.
+async fn seen_after<F, Fut>(
+    current: &[(u32, String)],
+    before: &[SeenPartition],
+    acked: u64,
+    here: F,
+) -> Result<(Vec<SeenPartition>, Vec<(u32, String)>), RelayError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, RelayError>>,
+{
+    let mut now: Vec<SeenPartition> = current
+        .iter()
+        .map(|(oid, root)| SeenPartition {
+            oid: *oid,
+            root: root.clone(),
+            left_at: None,
+        })
+        .collect();
+    let mut left = Vec::new();
+    for p in before
+        .iter()
+        .filter(|p| !current.iter().any(|(o, _)| *o == p.oid))
+    {
+        let at = match &p.left_at {
+            Some(at) => parse_lsn(at)?,
+            None => here().await?,
+        };
+        if at <= acked {
+            continue;
+        }
+        left.push((p.oid, p.root.clone()));
+        now.push(SeenPartition {
+            left_at: Some(fmt_lsn(at)),
+            ..p.clone()
+        });
+    }
+    Ok((now, left))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(oid: u32, left_at: Option<&str>) -> SeenPartition {
+        SeenPartition {
+            oid,
+            root: "t.outbox".into(),
+            left_at: left_at.map(String::from),
+        }
+    }
+
+    /// A partition that left is stamped once, kept while the slot is before the stamp, and
+    /// forgotten once it passed; current partitions are recorded as they are.
+    #[tokio::test]
+    async fn a_partition_that_left_is_kept_until_the_slot_passed_where_it_went() {
+        let current = vec![(1, "t.outbox".to_string())];
+        let here = || async { Ok(0x500) };
+        let (now, left) = seen_after(&current, &[seen(1, None), seen(2, None)], 0x100, here)
+            .await
+            .unwrap();
+        assert_eq!(now, [seen(1, None), seen(2, Some("0/500"))]);
+        assert_eq!(left, [(2, "t.outbox".to_string())]);
+        // Stamped already: the stamp stays (not the later position).
+        let later = || async { Ok(0x900) };
+        let (again, left) = seen_after(&current, &now, 0x400, later).await.unwrap();
+        assert_eq!(again, now);
+        assert_eq!(left.len(), 1);
+        // The slot passed it: forgotten.
+        let (pruned, left) = seen_after(&current, &now, 0x500, later).await.unwrap();
+        assert_eq!(pruned, [seen(1, None)]);
+        assert!(left.is_empty());
+    }
 }
