@@ -12,10 +12,12 @@ use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
 use crate::obs::Observed;
+use crate::poison::integrity::Placement;
 use crate::poison::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
-use crate::poison::provenance::{Found, Provenance};
+use crate::poison::provenance::Provenance;
 use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
 use crate::poison::validate::Validator;
+use crate::poison::vet::Vetting;
 use crate::relay::kafka::{Producer, Verdict};
 use crate::relay::route::{release, TopicTemplate};
 use crate::relay::source::sql_bounded;
@@ -86,6 +88,12 @@ pub struct PoisonHandler {
     topic_buf: String,
     /// Outside the stream (replay): park nothing, hold nothing; every poison event is an error.
     refuse_all: bool,
+    /// The integrity key: seals what is parked and held, vets what is released.
+    vetting: Vetting,
+    /// `[parked]` bounds, and the bytes the open rows hold (refreshed every repair tick).
+    max_record_bytes: u64,
+    max_open_bytes: u64,
+    open_bytes: u64,
 }
 
 impl PoisonHandler {
@@ -100,7 +108,9 @@ impl PoisonHandler {
             false => parking::ensure_tables(sql).await?,
         }
         let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
-        Self::with(cfg, blocked, observed, false)
+        let mut h = Self::with(cfg, blocked, observed, false)?;
+        h.open_bytes = parking::open_bytes(sql, &cfg.source.slot).await?;
+        Ok(h)
     }
 
     /// For events republished outside the stream (replay): the parking table belongs to the
@@ -130,6 +140,10 @@ impl PoisonHandler {
             tagged: cfg.tags_records(),
             topic_buf: String::new(),
             refuse_all,
+            vetting: Vetting::of(&cfg.parked),
+            max_record_bytes: cfg.parked.max_record_bytes,
+            max_open_bytes: cfg.parked.max_open_bytes,
+            open_bytes: 0,
         })
     }
 
@@ -231,6 +245,8 @@ impl PoisonHandler {
         let blocks = pol.ordering == Ordering::Aggregate
             && rec.aggregate_type.is_some()
             && rec.aggregate_id.is_some();
+        self.within_bounds(&rec)?;
+        let tag = self.seal(&rec, blocks, None);
         let state = sql_bounded(parking::park(
             sql,
             &self.slot,
@@ -240,6 +256,7 @@ impl PoisonHandler {
             None,
             class,
             message,
+            tag.as_deref(),
         ))
         .await?;
         fail::hit("parked");
@@ -272,6 +289,8 @@ impl PoisonHandler {
         rec: &ParkedRecord,
         head: &str,
     ) -> Result<(), RelayError> {
+        self.within_bounds(rec)?;
+        let tag = self.seal(rec, true, Some(head));
         sql_bounded(parking::park(
             sql,
             &self.slot,
@@ -283,6 +302,7 @@ impl PoisonHandler {
             &format!(
                 "held behind parked event {head} of the same aggregate (ordering = \"aggregate\")"
             ),
+            tag.as_deref(),
         ))
         .await?;
         let event_type = rec.event_type.as_deref().unwrap_or("");
@@ -299,6 +319,56 @@ impl PoisonHandler {
         Ok(())
     }
 
+    /// The relay's integrity tag of a row it parks (see `poison::integrity`), with a key.
+    fn seal(&self, rec: &ParkedRecord, blocks: bool, head: Option<&str>) -> Option<Vec<u8>> {
+        let at = Placement {
+            slot: &self.slot,
+            blocks_aggregate: blocks,
+            blocked_by: head,
+        };
+        self.vetting.sealer.as_ref().map(|s| s.seal(&at, rec))
+    }
+
+    /// `[parked]` bounds: a record larger than `max_record_bytes`, or one that would take the
+    /// open rows past `max_open_bytes`, halts the relay (the slot keeps the event) rather than
+    /// fill the database or drop it.
+    fn within_bounds(&mut self, rec: &ParkedRecord) -> Result<(), RelayError> {
+        let size = (rec.key.as_ref().map_or(0, Vec::len)
+            + rec.payload.as_ref().map_or(0, Vec::len)
+            + serde_json::to_string(&rec.headers).map_or(0, |h| h.len())) as u64;
+        let halt = |class: &str, message: String| RelayError::Halted {
+            event_id: rec.event_id.clone(),
+            class: class.into(),
+            message,
+        };
+        if size > self.max_record_bytes {
+            return Err(halt(
+                "parked_record_too_large",
+                format!(
+                    "the event's record is {size} bytes, over [parked] max_record_bytes = {}: it \
+                     is not parked (nor dropped); the relay halts here and the slot keeps it. \
+                     Raise parked.max_record_bytes (and max_open_bytes) to park it, or fix \
+                     what makes the record this large",
+                    self.max_record_bytes
+                ),
+            ));
+        }
+        if self.open_bytes + size > self.max_open_bytes {
+            return Err(halt(
+                "parked_store_full",
+                format!(
+                    "the open parked and held events of this slot hold {} bytes; this one \
+                     ({size} bytes) would pass [parked] max_open_bytes = {}: the relay halts \
+                     here (nothing dropped, the slot keeps it). Resolve parked events \
+                     (`outboxd parked list`, then `retry`/`discard`) or raise parked.max_open_bytes",
+                    self.open_bytes, self.max_open_bytes
+                ),
+            ));
+        }
+        self.open_bytes += size;
+        Ok(())
+    }
+
     /// Periodic: pick up operator repairs (retry/discard). Returns the open parked events per
     /// type and state, for the gauges.
     pub async fn repair_tick(
@@ -307,6 +377,7 @@ impl PoisonHandler {
         producer: &Producer,
     ) -> Result<OpenStats, RelayError> {
         let stats = parking::open_stats(sql, &self.slot).await?;
+        self.open_bytes = parking::open_bytes(sql, &self.slot).await?;
         if self.releasing.is_none() {
             self.blocked = parking::blocked_aggregates(sql, &self.slot).await?;
             self.release_next(sql, producer).await?;
@@ -328,29 +399,18 @@ impl PoisonHandler {
                 return Ok(());
             }
         };
-        // Never what nobody vouches for (see poison::provenance).
-        let refused = match self.routes[route_ix].provenance.check(sql, &r).await? {
-            Found::Vouched => None,
-            Found::Unverified => Some((
-                "unverified",
-                "its outbox row is gone (cleanup, or an application that deletes its outbox \
-                 rows), so nothing shows this parked copy is what the application wrote: check it \
-                 with `outboxd parked show`, then `outboxd parked retry` (you vouch for it) or \
-                 `discard`"
-                    .to_string(),
-            )),
-            Found::Differs(field) => Some((
-                "tampered",
-                format!(
-                    "the parked copy's {field} differs from the event's row in the outbox table: \
-                     someone with write access to outbox_parked changed or forged it; not \
-                     published (find out who: outbox_parked_audit, the database's logs), then \
-                     `outboxd parked discard` it, or `retry` with --payload"
-                ),
-            )),
-        };
+        // Never what the relay did not write, unchanged (see poison::vet).
+        let refused = self
+            .vetting
+            .vet(&self.slot, &mut self.routes[route_ix].provenance, sql, &r)
+            .await?;
         if let Some((class, message)) = refused {
             parking::mark_failed(sql, r.id, class, &message).await?;
+            let event_type = r.record.event_type.as_deref().unwrap_or("");
+            let label = self.observed.labels.event_type(event_type).into_owned();
+            metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class)
+                .increment(1);
+            self.observed.errors.record(class, &label);
             tracing::error!(event_id = %r.record.event_id, class, "parked event not released: {message}");
             return Ok(());
         }

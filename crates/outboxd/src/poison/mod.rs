@@ -2,8 +2,10 @@
 //! durable `outbox_parked` table with the in-order release after an operator's repair.
 
 pub(crate) mod handler;
+pub(crate) mod integrity;
 pub(crate) mod policy;
 pub(crate) mod provenance;
 pub(crate) mod record;
 pub(crate) mod store;
 pub(crate) mod validate;
+pub(crate) mod vet;
