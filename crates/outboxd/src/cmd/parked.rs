@@ -389,3 +389,37 @@ async fn show(
     }
     Ok(out)
 }
+
+/// `outboxd check`: does this config seal what the relay parks (`[parked] key`)? Without a key
+/// a held event is released only when its outbox row vouches for it, so a delete-after-insert
+/// table needs one operator retry per held event, and rows forged with the relay's database
+/// credential are caught only where an outbox row contradicts them.
+pub fn integrity_line(cfg: &crate::Config) -> super::admin::CheckLine {
+    use super::admin::CheckLine;
+    let p = &cfg.parked;
+    match (&p.key, &p.previous_key, p.accept_untagged) {
+        (None, ..) => CheckLine::warn(
+            "parked integrity",
+            "no [parked] key: parked and held rows carry no integrity tag, so a held event is \
+             released only when its outbox row vouches for it (a table whose rows are deleted \
+             after insert needs a retry per held event) and a row forged with the relay's \
+             database credential is caught only where an outbox row contradicts it. On the \
+             relay's config set OUTBOXD_PARKED_KEY or parked.key_file (docs/operations.md, \
+             \"Delete-after-insert outboxes\"); the repair role's config needs no key",
+        ),
+        (Some(_), prev, untagged) => {
+            let mut d = "parked and held rows are sealed (HMAC-SHA256) and checked before release"
+                .to_string();
+            if prev.is_some() {
+                d.push_str("; previous_key still verifies: remove it once `outboxd parked list` shows no row parked before the rotation");
+            }
+            if untagged {
+                d.push_str("; accept_untagged = true releases rows without a tag by the older checks: turn it off once the rows parked before the key are resolved");
+            }
+            match prev.is_some() || untagged {
+                true => CheckLine::warn("parked integrity", d),
+                false => CheckLine::ok("parked integrity", d),
+            }
+        }
+    }
+}

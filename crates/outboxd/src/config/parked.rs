@@ -134,3 +134,70 @@ impl ParkedConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::Config;
+
+    const BASE: &str =
+        "[source]\ndsn = \"postgres://u@h/db\"\n[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n";
+    const KEY: &str = "a-test-key-of-more-than-32-characters-x";
+
+    fn load(env: &[(&str, &str)]) -> Result<Config, String> {
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        Config::from_toml_and_env(BASE, env).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_key_comes_from_the_environment_or_a_file_and_never_shows() {
+        let c = load(&[("OUTBOXD_PARKED_KEY", KEY)]).unwrap();
+        assert_eq!(c.parked.key.as_deref(), Some(KEY));
+        assert!(!format!("{c:?}").contains(KEY));
+        assert!(c
+            .redactor
+            .scrub(&format!("x {KEY} y"))
+            .contains("[redacted]"));
+        let file = std::env::temp_dir().join(format!("outboxd-parked-key-{}", std::process::id()));
+        std::fs::write(&file, format!("{KEY}\n")).unwrap();
+        let path = file.to_string_lossy().into_owned();
+        let c = load(&[("OUTBOXD_PARKED_KEY_FILE", &path)]).unwrap();
+        assert_eq!(c.parked.key.as_deref(), Some(KEY), "one newline dropped");
+        let e = load(&[("OUTBOXD_PARKED_KEY", "tiny-k3y")]).unwrap_err();
+        assert!(
+            e.contains("shorter than 32") && !e.contains("short\""),
+            "{e}"
+        );
+        let e = load(&[("OUTBOXD_PARKED_PREVIOUS_KEY", KEY)]).unwrap_err();
+        assert!(e.contains("without parked.key"), "{e}");
+        let e = load(&[
+            ("OUTBOXD_PARKED_KEY", KEY),
+            ("OUTBOXD_PARKED_KEY_FILE", &path),
+        ])
+        .unwrap_err();
+        assert!(e.contains("both set"), "{e}");
+        std::fs::remove_file(&file).unwrap();
+    }
+
+    #[test]
+    fn check_warns_without_a_key_and_during_a_rotation() {
+        let line = |env: &[(&str, &str)]| crate::cmd::parked::integrity_line(&load(env).unwrap());
+        let none = line(&[]);
+        assert!(
+            none.warn && none.detail.contains("OUTBOXD_PARKED_KEY"),
+            "{none:?}"
+        );
+        let ok = line(&[("OUTBOXD_PARKED_KEY", KEY)]);
+        assert!(ok.ok && !ok.warn, "{ok:?}");
+        let rotating = line(&[
+            ("OUTBOXD_PARKED_KEY", KEY),
+            (
+                "OUTBOXD_PARKED_PREVIOUS_KEY",
+                "an-older-key-of-more-than-32-characters",
+            ),
+        ]);
+        assert!(
+            rotating.warn && rotating.detail.contains("previous_key"),
+            "{rotating:?}"
+        );
+    }
+}
