@@ -62,6 +62,9 @@ ALTER TABLE public.outbox_parked ADD COLUMN IF NOT EXISTS retry_audit_id bigint;
 -- a valid tag is one the relay did not write, and is never released (docs/operations.md,
 -- "Delete-after-insert outboxes"). NULL: parked by a relay without a key.
 ALTER TABLE public.outbox_parked ADD COLUMN IF NOT EXISTS integrity_tag bytea;
+-- The guard looks up an event's audit rows for every change it authorises: with a bulk repair
+-- of thousands of events (outboxd parked retry|discard --all) a scan each would be quadratic.
+CREATE INDEX IF NOT EXISTS outbox_parked_audit_event_idx ON public.outbox_parked_audit (slot, event_id);
 -- The database role that made the change (`operator` is what the person typed).
 ALTER TABLE public.outbox_parked_audit ADD COLUMN IF NOT EXISTS db_user text NOT NULL DEFAULT session_user;
 

@@ -319,6 +319,11 @@ impl PoisonHandler {
         Ok(())
     }
 
+    /// Is a released event waiting for its acknowledgement?
+    pub fn releasing(&self) -> bool {
+        self.releasing.is_some()
+    }
+
     /// The relay's integrity tag of a row it parks (see `poison::integrity`), with a key.
     fn seal(&self, rec: &ParkedRecord, blocks: bool, head: Option<&str>) -> Option<Vec<u8>> {
         let at = Placement {

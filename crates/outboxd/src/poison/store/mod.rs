@@ -7,6 +7,7 @@
 //! Parking is idempotent per (slot, event_id): a replay after a crash bumps `attempts` and
 //! `last_seen` and never creates a second row or reopens a resolved one.
 
+pub(crate) mod bulk;
 pub(crate) mod operator;
 
 use crate::config::tables::SOURCE_TABLE_HEADER;
@@ -261,6 +262,11 @@ impl Release {
 /// in stream order. A `retry` row whose audit row is missing is never released, and holds its
 /// aggregate like a parked one. A retry's payload is the one in its audit row when the operator
 /// corrected it (the parked copy itself never changes).
+///
+/// The hold is by `=`, not `IS NOT DISTINCT FROM`: only rows of a known aggregate hold
+/// (`blocks_aggregate` is set for those alone, and the guard lets a held row in only behind
+/// an equal aggregate), and `=` lets the open index find the rows ahead, so a release among
+/// thousands of held events costs an index probe, not a scan of them all (issue 40).
 pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, RelayError> {
     let row = sql
         .query_opt(
@@ -276,8 +282,8 @@ pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, R
                AND NOT EXISTS (SELECT 1 FROM outbox_parked h \
                    WHERE h.slot = p.slot AND h.id < p.id AND h.blocks_aggregate \
                      AND (h.state IN ('parked', 'retry') OR (h.state = 'blocked' AND p.state = 'blocked')) \
-                     AND h.aggregate_type IS NOT DISTINCT FROM p.aggregate_type \
-                     AND h.aggregate_id IS NOT DISTINCT FROM p.aggregate_id AND {}) \
+                     AND h.aggregate_type = p.aggregate_type \
+                     AND h.aggregate_id = p.aggregate_id AND {}) \
              ORDER BY p.id LIMIT 1",
                 same_table("h", "p")
             ),
