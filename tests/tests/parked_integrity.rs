@@ -302,3 +302,88 @@ async fn rows_forged_with_the_relay_credential_are_never_published() -> anyhow::
     relay.shutdown().await?;
     Ok(())
 }
+
+/// The store is bounded (`[parked] max_record_bytes`, `max_open_bytes`): past a bound the relay
+/// halts at the event (the slot keeps it; nothing is parked past the bound, nothing dropped,
+/// nothing after it delivered), and goes on once the bound allows it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_parked_store_bounds_the_relay_halts_and_drops_nothing() -> anyhow::Result<()> {
+    let env = env("integrity_bounds").await?;
+    create_topics(&env.bootstrap(), &[ACCT], 1).await?;
+    let mut c = env.sql().await?;
+    let q_sql = env.sql().await?;
+    let bounded = |record: &str, open: &str| {
+        outboxd::Config::from_toml_and_env(
+            &env.toml(),
+            [
+                ("OUTBOXD_PARKED_KEY".to_string(), KEY.to_string()),
+                ("OUTBOXD_PARKED_MAX_RECORD_BYTES".into(), record.into()),
+                ("OUTBOXD_PARKED_MAX_OPEN_BYTES".into(), open.into()),
+            ],
+        )
+    };
+    let count = |sql: &'static str| {
+        let c = &q_sql;
+        async move { anyhow::Ok(c.query_one(sql, &[]).await?.get::<_, i64>(0)) }
+    };
+    // Too large for the broker (30 KB) and for max_record_bytes (20 000): halts, parks nothing.
+    let relay = Relay::start(bounded("20000", "40000")?);
+    let (p, q) = (ev("P", 1, big()), ev("Q", 1, big()));
+    write_events(&mut c, std::slice::from_ref(&p), false).await?;
+    write_events(&mut c, &[ev("B", 1, serde_json::json!({"n": 1}))], false).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(count("SELECT count(*) FROM outbox_parked").await?, 0);
+    assert!(
+        env.confirmed_lsn().await? < env.current_lsn().await?,
+        "the slot keeps it"
+    );
+    assert!(!relay.is_finished(), "halted, retrying: not stopped");
+    relay.shutdown().await?;
+    // Room for one record, not two: P parks, then Q (another aggregate) halts the relay.
+    let relay = Relay::start(bounded("35000", "40000")?);
+    eventually(Duration::from_secs(30), || async {
+        Ok(count("SELECT count(*) FROM outbox_parked").await? == 1)
+    })
+    .await?;
+    assert_eq!(
+        versions_of(&env, "B", 1)?,
+        [1],
+        "what follows P is delivered"
+    );
+    write_events(&mut c, std::slice::from_ref(&q), false).await?;
+    write_events(&mut c, &[ev("B", 2, serde_json::json!({"n": 2}))], false).await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        count("SELECT count(*) FROM outbox_parked").await?,
+        1,
+        "Q is not parked"
+    );
+    assert_eq!(
+        versions_of(&env, "B", 1)?,
+        [1],
+        "nothing after Q is delivered"
+    );
+    // Resolving P makes room: the halted relay parks Q and goes on.
+    let cfg = env.config_file()?;
+    let (code, out) = outboxd_cli(
+        &[
+            "parked",
+            "discard",
+            &p.event_id.to_string(),
+            "--reason",
+            "too big",
+        ],
+        &cfg,
+    );
+    assert_eq!(code, 0, "{out}");
+    eventually(Duration::from_secs(30), || async {
+        Ok(
+            count("SELECT count(*) FROM outbox_parked WHERE state = 'parked'").await? == 1
+                && count("SELECT count(*) FROM outbox_parked").await? == 2,
+        )
+    })
+    .await?;
+    assert_eq!(versions_of(&env, "B", 2)?, [1, 2]);
+    relay.shutdown().await?;
+    Ok(())
+}
