@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
 use crate::obs::Observed;
+use crate::poison::bounds::Bounds;
 use crate::poison::integrity::Placement;
 use crate::poison::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
 use crate::poison::provenance::Provenance;
@@ -91,9 +92,7 @@ pub struct PoisonHandler {
     /// The integrity key: seals what is parked and held, vets what is released.
     vetting: Vetting,
     /// `[parked]` bounds, and the bytes the open rows hold (refreshed every repair tick).
-    max_record_bytes: u64,
-    max_open_bytes: u64,
-    open_bytes: u64,
+    bounds: Bounds,
 }
 
 impl PoisonHandler {
@@ -109,7 +108,7 @@ impl PoisonHandler {
         }
         let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
         let mut h = Self::with(cfg, blocked, observed, false)?;
-        h.open_bytes = parking::open_bytes(sql, &cfg.source.slot).await?;
+        h.bounds.open_bytes = parking::open_bytes(sql, &cfg.source.slot).await?;
         Ok(h)
     }
 
@@ -141,9 +140,7 @@ impl PoisonHandler {
             topic_buf: String::new(),
             refuse_all,
             vetting: Vetting::of(&cfg.parked),
-            max_record_bytes: cfg.parked.max_record_bytes,
-            max_open_bytes: cfg.parked.max_open_bytes,
-            open_bytes: 0,
+            bounds: Bounds::of(&cfg.parked),
         })
     }
 
@@ -245,7 +242,7 @@ impl PoisonHandler {
         let blocks = pol.ordering == Ordering::Aggregate
             && rec.aggregate_type.is_some()
             && rec.aggregate_id.is_some();
-        self.within_bounds(&rec)?;
+        self.bounds.admit(&rec)?;
         let tag = self.seal(&rec, blocks, None);
         let state = sql_bounded(parking::park(
             sql,
@@ -289,7 +286,7 @@ impl PoisonHandler {
         rec: &ParkedRecord,
         head: &str,
     ) -> Result<(), RelayError> {
-        self.within_bounds(rec)?;
+        self.bounds.admit(rec)?;
         let tag = self.seal(rec, true, Some(head));
         sql_bounded(parking::park(
             sql,
@@ -334,46 +331,6 @@ impl PoisonHandler {
         self.vetting.sealer.as_ref().map(|s| s.seal(&at, rec))
     }
 
-    /// `[parked]` bounds: a record larger than `max_record_bytes`, or one that would take the
-    /// open rows past `max_open_bytes`, halts the relay (the slot keeps the event) rather than
-    /// fill the database or drop it.
-    fn within_bounds(&mut self, rec: &ParkedRecord) -> Result<(), RelayError> {
-        let size = (rec.key.as_ref().map_or(0, Vec::len)
-            + rec.payload.as_ref().map_or(0, Vec::len)
-            + serde_json::to_string(&rec.headers).map_or(0, |h| h.len())) as u64;
-        let halt = |class: &str, message: String| RelayError::Halted {
-            event_id: rec.event_id.clone(),
-            class: class.into(),
-            message,
-        };
-        if size > self.max_record_bytes {
-            return Err(halt(
-                "parked_record_too_large",
-                format!(
-                    "the event's record is {size} bytes, over [parked] max_record_bytes = {}: it \
-                     is not parked (nor dropped); the relay halts here and the slot keeps it. \
-                     Raise parked.max_record_bytes (and max_open_bytes) to park it, or fix \
-                     what makes the record this large",
-                    self.max_record_bytes
-                ),
-            ));
-        }
-        if self.open_bytes + size > self.max_open_bytes {
-            return Err(halt(
-                "parked_store_full",
-                format!(
-                    "the open parked and held events of this slot hold {} bytes; this one \
-                     ({size} bytes) would pass [parked] max_open_bytes = {}: the relay halts \
-                     here (nothing dropped, the slot keeps it). Resolve parked events \
-                     (`outboxd parked list`, then `retry`/`discard`) or raise parked.max_open_bytes",
-                    self.open_bytes, self.max_open_bytes
-                ),
-            ));
-        }
-        self.open_bytes += size;
-        Ok(())
-    }
-
     /// Periodic: pick up operator repairs (retry/discard). Returns the open parked events per
     /// type and state, for the gauges.
     pub async fn repair_tick(
@@ -382,7 +339,7 @@ impl PoisonHandler {
         producer: &Producer,
     ) -> Result<OpenStats, RelayError> {
         let stats = parking::open_stats(sql, &self.slot).await?;
-        self.open_bytes = parking::open_bytes(sql, &self.slot).await?;
+        self.bounds.open_bytes = parking::open_bytes(sql, &self.slot).await?;
         if self.releasing.is_none() {
             self.blocked = parking::blocked_aggregates(sql, &self.slot).await?;
             self.release_next(sql, producer).await?;

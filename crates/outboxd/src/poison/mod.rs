@@ -1,6 +1,7 @@
 //! Poison events (R15–R17): failures retrying cannot fix, what the policy does with them, and the
 //! durable `outbox_parked` table with the in-order release after an operator's repair.
 
+pub(crate) mod bounds;
 pub(crate) mod handler;
 pub(crate) mod integrity;
 pub(crate) mod policy;
