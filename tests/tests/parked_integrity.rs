@@ -101,6 +101,18 @@ async fn one_retry_releases_the_aggregate(name: &str, deletes: bool) -> anyhow::
     }
 
     let cfg = env.config_file()?;
+    // `status` names the stuck aggregate, its head and what it holds.
+    let (_, out) = outboxd_cli(&["status"], &cfg);
+    let stuck = out
+        .lines()
+        .find(|l| l.contains("acct/A behind"))
+        .unwrap_or_default();
+    assert!(
+        stuck.contains(&head.event_id.to_string())
+            && stuck.contains("too_large")
+            && stuck.contains("10 held"),
+        "{out}"
+    );
     let fixed = env.dir.path().join("fixed.json");
     std::fs::write(&fixed, r#"{"blob": "trimmed"}"#)?;
     let started = std::time::Instant::now();

@@ -414,6 +414,39 @@ pub async fn open_bytes(sql: &Client, slot: &str) -> Result<u64, RelayError> {
     Ok(n.max(0) as u64)
 }
 
+/// An aggregate stuck behind a parked head: (aggregate_type, aggregate_id, head event_id, the
+/// head's error class, events held behind it, seconds since the head was parked).
+pub type Stuck = (String, String, String, String, i64, f64);
+
+/// How many aggregates a parked head holds, and the `limit` oldest, for `outboxd status`
+/// (issue 40: one number that says the stream of an aggregate stopped, and where).
+pub async fn stuck_aggregates(
+    sql: &Client,
+    slot: &str,
+    limit: i64,
+) -> Result<(i64, Vec<Stuck>), RelayError> {
+    let rows = sql
+        .query(
+            "SELECT h.aggregate_type, h.aggregate_id, h.event_id, h.error_class, \
+                    (SELECT count(*) FROM outbox_parked b WHERE b.slot = h.slot AND b.state = 'blocked' \
+                       AND b.aggregate_type = h.aggregate_type AND b.aggregate_id = h.aggregate_id), \
+                    extract(epoch FROM now() - h.first_seen)::float8, count(*) OVER () \
+             FROM outbox_parked h WHERE h.slot = $1 AND h.blocks_aggregate \
+               AND h.state IN ('parked', 'retry') \
+               AND h.aggregate_type IS NOT NULL AND h.aggregate_id IS NOT NULL \
+             ORDER BY h.first_seen, h.id LIMIT $2",
+            &[&slot, &limit],
+        )
+        .await?;
+    let total = rows.first().map_or(0, |r| r.get(6));
+    Ok((
+        total,
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+            .collect(),
+    ))
+}
+
 /// Open parked events: `(event_type, state, count, age of the oldest in seconds)`.
 pub type OpenStats = Vec<(String, String, i64, f64)>;
 
