@@ -72,9 +72,13 @@ fn versions_of(env: &Env, agg: &str, n: usize) -> anyhow::Result<Vec<i64>> {
         .collect())
 }
 
-/// A poison of A with 10 held followers; one `parked retry --payload` delivers all 11 in
-/// version order, and nothing stays parked.
-async fn one_retry_releases_the_aggregate(name: &str, deletes: bool) -> anyhow::Result<()> {
+/// A poison of A with 10 held followers; one `parked retry --payload` (`discard`: one
+/// `parked discard`) delivers all 11 (the 10) in version order, and nothing stays parked.
+async fn one_retry_releases_the_aggregate(
+    name: &str,
+    deletes: bool,
+    discard: bool,
+) -> anyhow::Result<()> {
     let env = env(name).await?;
     create_topics(&env.bootstrap(), &[ACCT], 1).await?;
     let mut c = env.sql().await?;
@@ -116,29 +120,38 @@ async fn one_retry_releases_the_aggregate(name: &str, deletes: bool) -> anyhow::
     let fixed = env.dir.path().join("fixed.json");
     std::fs::write(&fixed, r#"{"blob": "trimmed"}"#)?;
     let started = std::time::Instant::now();
-    let (code, out) = outboxd_cli(
-        &[
-            "parked",
-            "retry",
-            &head.event_id.to_string(),
-            "--payload",
-            fixed.to_str().unwrap(),
-            "--reason",
-            "trim blob",
-        ],
-        &cfg,
-    );
+    let id = head.event_id.to_string();
+    let payload = fixed.to_str().unwrap();
+    let (code, out) = match discard {
+        false => outboxd_cli(
+            &[
+                "parked",
+                "retry",
+                &id,
+                "--payload",
+                payload,
+                "--reason",
+                "trim blob",
+            ],
+            &cfg,
+        ),
+        true => outboxd_cli(&["parked", "discard", &id, "--reason", "obsolete"], &cfg),
+    };
     assert_eq!(code, 0, "{out}");
     eventually(Duration::from_secs(30), || async {
-        Ok(parked(&c).await?.iter().all(|r| r.1 == "delivered"))
+        Ok(parked(&c).await?[1..].iter().all(|r| r.1 == "delivered"))
     })
     .await?;
+    let head_state = &parked(&c).await?[0].1;
+    assert_eq!(head_state, if discard { "discarded" } else { "delivered" });
     eprintln!(
-        "{name}: 1 retry released 11 events in {:?}",
+        "{name}: 1 decision released the aggregate in {:?}",
         started.elapsed()
     );
-    assert_eq!(versions_of(&env, "A", 12)?, (1..=11).collect::<Vec<_>>());
-    assert_eq!(versions_of(&env, "B", 12)?, [1]);
+    let first = if discard { 2 } else { 1 };
+    let n = 12 - first as usize + 1;
+    assert_eq!(versions_of(&env, "A", n)?, (first..=11).collect::<Vec<_>>());
+    assert_eq!(versions_of(&env, "B", n)?, [1]);
     relay.shutdown().await?;
     Ok(())
 }
@@ -146,12 +159,18 @@ async fn one_retry_releases_the_aggregate(name: &str, deletes: bool) -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_after_insert_one_retry_releases_ten_held_followers_in_order() -> anyhow::Result<()>
 {
-    one_retry_releases_the_aggregate("integrity_dai", true).await
+    one_retry_releases_the_aggregate("integrity_dai", true, false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_after_insert_one_discard_releases_ten_held_followers_in_order() -> anyhow::Result<()>
+{
+    one_retry_releases_the_aggregate("integrity_dai_discard", true, true).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ordinary_table_one_retry_releases_ten_held_followers_in_order() -> anyhow::Result<()> {
-    one_retry_releases_the_aggregate("integrity_ord", false).await
+    one_retry_releases_the_aggregate("integrity_ord", false, false).await
 }
 
 async fn connect(dsn: &str) -> anyhow::Result<tokio_postgres::Client> {
