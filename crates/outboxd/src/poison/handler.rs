@@ -340,6 +340,8 @@ impl PoisonHandler {
     ) -> Result<OpenStats, RelayError> {
         let stats = parking::open_stats(sql, &self.slot).await?;
         self.bounds.open_bytes = parking::open_bytes(sql, &self.slot).await?;
+        let stuck = parking::stuck_count(sql, &self.slot).await?;
+        metrics::gauge!(crate::obs::STUCK_AGGREGATES).set(stuck as f64);
         if self.releasing.is_none() {
             self.blocked = parking::blocked_aggregates(sql, &self.slot).await?;
             self.release_next(sql, producer).await?;

@@ -447,6 +447,19 @@ pub async fn stuck_aggregates(
     ))
 }
 
+/// How many aggregates a parked head holds (for the `outboxd_stuck_aggregates` gauge).
+pub async fn stuck_count(sql: &Client, slot: &str) -> Result<i64, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT count(DISTINCT (aggregate_type, aggregate_id)) FROM outbox_parked \
+             WHERE slot = $1 AND blocks_aggregate AND state IN ('parked', 'retry') \
+               AND aggregate_type IS NOT NULL AND aggregate_id IS NOT NULL",
+            &[&slot],
+        )
+        .await?
+        .get(0))
+}
+
 /// Open parked events: `(event_type, state, count, age of the oldest in seconds)`.
 pub type OpenStats = Vec<(String, String, i64, f64)>;
 
