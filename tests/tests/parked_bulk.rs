@@ -195,14 +195,23 @@ async fn bulk_retry_and_discard_with_dry_run_on_three_thousand_parked_events() -
     let r = relay(&env)?;
     let t = Instant::now();
     let (out, took) = cli(
-        &["parked", "retry", "--all", "--reason", "schema fixed"],
+        &[
+            "parked",
+            "retry",
+            "--all",
+            "--reason",
+            "schema fixed",
+            "--wait",
+        ],
         &cfg,
     );
-    eprintln!("retry --all ({} heads): {took:?}", AGGREGATES - 1);
+    eprintln!("retry --all --wait ({} heads): {took:?}", AGGREGATES - 1);
     assert!(
         out.contains(&format!("retry of {} event(s)", AGGREGATES - 1)),
         "{out}"
     );
+    // --wait followed the release of the 4 aggregates to the end.
+    assert!(out.contains("released 400 event(s) in"), "{out}");
     let n = (AGGREGATES - 1) * PER as usize;
     let discarded = (WITHDRAWN + 1) as i64 * PER;
     let done = eventually(Duration::from_secs(120), || async {

@@ -32,6 +32,10 @@ pub struct BulkArgs {
     /// List what would go, in which order, and why any would be refused; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Afterwards, follow the running relay's release of the selected aggregates (a progress
+    /// bar at a terminal) until nothing of them is left to release.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub wait: bool,
 }
 
 impl BulkArgs {
@@ -127,6 +131,16 @@ pub async fn run(
                 Action::Discard => String::new(),
             }
         );
+        if args.wait {
+            let aggregates: Vec<(String, String)> = go
+                .iter()
+                .filter_map(|(c, _)| Some((c.aggregate_type.clone()?, c.aggregate_id.clone()?)))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            out.push_str(&follow(sql, slot, &aggregates).await?);
+            out.push('\n');
+        }
     }
     if !refused.is_empty() {
         let _ = writeln!(out, "refused ({}), not {verb}ed:", refused.len());
@@ -140,6 +154,64 @@ pub async fn run(
         }
     }
     Ok(out.trim_end().to_string())
+}
+
+/// How long `--wait` waits for the relay to release one more event before it gives up.
+const STALLED: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `--wait`: polls the open events of `aggregates` until the relay has nothing of them left to
+/// release; a bar on stderr at a terminal, the outcome as the returned line.
+async fn follow(
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    aggregates: &[(String, String)],
+) -> Result<String, RelayError> {
+    use std::io::IsTerminal;
+    let (start, _) = bulk::pending_in(sql, slot, aggregates).await?;
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let b = indicatif::ProgressBar::with_draw_target(
+            Some(start.max(0) as u64),
+            indicatif::ProgressDrawTarget::stderr(),
+        );
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "released [{elapsed_precise}] {wide_bar} {pos}/{len} ({per_sec}, ETA {eta})",
+        ) {
+            b.set_style(style);
+        }
+        b
+    });
+    let began = std::time::Instant::now();
+    let (mut last, mut moved) = (start, std::time::Instant::now());
+    let outcome = loop {
+        let (pending, parked) = bulk::pending_in(sql, slot, aggregates).await?;
+        if let Some(b) = &bar {
+            b.set_position((start - pending).max(0) as u64);
+        }
+        if pending == 0 {
+            break match parked {
+                0 => format!("released {start} event(s) in {:.1?}", began.elapsed()),
+                n => format!(
+                    "released {} event(s) in {:.1?}; {n} stopped as parked heads again \
+                     (`outboxd parked list` says why)",
+                    start - pending,
+                    began.elapsed()
+                ),
+            };
+        }
+        if pending != last {
+            (last, moved) = (pending, std::time::Instant::now());
+        } else if moved.elapsed() > STALLED {
+            break format!(
+                "{pending} event(s) still to release, none released for {STALLED:?}: is the \
+                 relay running (`outboxd status`)? They are released when it is"
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(outcome)
 }
 
 /// The selection of `args`, its table resolved against the config.

@@ -176,3 +176,27 @@ pub async fn discard_all(
     tx.commit().await?;
     Ok(n)
 }
+
+/// Of the open events of `aggregates` (type, id): how many the relay may still release
+/// (`retry` or `blocked`), and how many are parked heads waiting for an operator.
+pub async fn pending_in(
+    sql: &Client,
+    slot: &str,
+    aggregates: &[(String, String)],
+) -> Result<(i64, i64), RelayError> {
+    let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+        .iter()
+        .map(|(t, i)| (t.as_str(), i.as_str()))
+        .unzip();
+    let r = sql
+        .query_one(
+            "SELECT count(*) FILTER (WHERE p.state IN ('retry', 'blocked')), \
+                    count(*) FILTER (WHERE p.state = 'parked') \
+             FROM outbox_parked p JOIN unnest($2::text[], $3::text[]) AS a(t, i) \
+               ON p.aggregate_type = a.t AND p.aggregate_id = a.i \
+             WHERE p.slot = $1 AND p.state IN ('parked', 'retry', 'blocked')",
+            &[&slot, &types, &ids],
+        )
+        .await?;
+    Ok((r.get(0), r.get(1)))
+}
