@@ -57,6 +57,14 @@ CREATE TABLE IF NOT EXISTS public.outbox_parked_audit (
 -- the audit row of the operator's current retry request. The relay releases a `retry` row only
 -- when it names a `retry` audit row of the same event: a bare UPDATE of `state` publishes nothing.
 ALTER TABLE public.outbox_parked ADD COLUMN IF NOT EXISTS retry_audit_id bigint;
+-- The relay's integrity tag (issue 40): HMAC-SHA256 under the relay's `[parked] key`, which the
+-- database never sees, over the record and its placement (poison/integrity.rs). A row without
+-- a valid tag is one the relay did not write, and is never released (docs/operations.md,
+-- "Delete-after-insert outboxes"). NULL: parked by a relay without a key.
+ALTER TABLE public.outbox_parked ADD COLUMN IF NOT EXISTS integrity_tag bytea;
+-- The guard looks up an event's audit rows for every change it authorises: with a bulk repair
+-- of thousands of events (outboxd parked retry|discard --all) a scan each would be quadratic.
+CREATE INDEX IF NOT EXISTS outbox_parked_audit_event_idx ON public.outbox_parked_audit (slot, event_id);
 -- The database role that made the change (`operator` is what the person typed).
 ALTER TABLE public.outbox_parked_audit ADD COLUMN IF NOT EXISTS db_user text NOT NULL DEFAULT session_user;
 

@@ -27,8 +27,11 @@
 //! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
 //!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
 //! - `poison/`: events retrying cannot fix — `policy` (classes, per-type policy), `validate`
-//!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair),
-//!   `handler` (what a session does with one: park or halt, hold, release in order).
+//!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair;
+//!   `store/bulk`: repairs of a selection), `handler` (what a session does with one: park or
+//!   halt, hold, release in order), `integrity` (the HMAC tag only the relay's key makes),
+//!   `vet` (the check before a release: the tag, else the outbox row via `provenance`),
+//!   `bounds` (the parked store's size limits: halt, never drop).
 //! - `replay/`: `outboxd replay` (R38) — `select` (ids or an audited range, the dry run's
 //!   summary), `consumers` (the consumer groups of the target topics and their lag, from the
 //!   broker), `store` (all `outboxd_replay` SQL: request, approval by another role, cursor,

@@ -285,6 +285,7 @@ fn line(ok: bool, what: &str, detail: impl Into<String>) -> CheckLine {
 /// Runs every check it can; a failed connection skips the checks that need it.
 pub async fn check(cfg: &Config) -> Vec<CheckLine> {
     let mut out = vec![line(true, "config", "parsed and valid")];
+    out.push(super::parked::integrity_line(cfg));
     match source::sql_connect(cfg).await {
         Err(e) => out.push(line(
             false,

@@ -12,6 +12,8 @@ use crate::relay::source;
 use clap::Subcommand;
 use std::path::PathBuf;
 
+mod bulk;
+
 #[derive(Subcommand, Debug)]
 pub enum ParkedCmd {
     /// Parked, blocked and retrying events (`--all` includes delivered and discarded ones).
@@ -39,33 +41,43 @@ pub enum ParkedCmd {
     ///
     /// The running relay republishes it through the live router: topic from the topic template,
     /// identity headers from the row's columns, the payload checked against its JSON Schema.
+    ///
+    /// With `--aggregate`, `--type`, `--table` or `--all`: every parked event selected, each
+    /// audited (the events held behind them follow in order); `--dry-run` lists them first.
     Retry {
-        /// The parked event's event_id.
-        event_id: String,
+        /// The parked event's event_id (or a selection instead).
+        event_id: Option<String>,
+        #[command(flatten)]
+        select: bulk::BulkArgs,
         /// A JSON file with the corrected payload (validated against the event's schema).
         #[arg(long)]
         payload: Option<PathBuf>,
         /// Who asks (recorded in the audit row beside the database role).
         #[arg(long, env = "USER", default_value = "unknown")]
         operator: String,
-        /// Why (recorded in the audit row).
-        #[arg(long)]
-        reason: String,
+        /// Why (recorded in the audit row; not needed with --dry-run).
+        #[arg(long, required_unless_present = "dry_run")]
+        reason: Option<String>,
         #[command(flatten)]
         repair: RepairDsn,
     },
     /// Give up on an event; requires a reason; audited; events held behind it are released.
     ///
     /// Works in every open state: parked, waiting for its retry, or held behind another event.
+    ///
+    /// With `--aggregate`, `--type`, `--table` or `--all`: every open event selected, in one
+    /// transaction, each audited; `--dry-run` lists them first.
     Discard {
-        /// The event's event_id.
-        event_id: String,
+        /// The event's event_id (or a selection instead).
+        event_id: Option<String>,
+        #[command(flatten)]
+        select: bulk::BulkArgs,
         /// Who decides (recorded in the audit row beside the database role).
         #[arg(long, env = "USER", default_value = "unknown")]
         operator: String,
-        /// Why (recorded in the audit row).
-        #[arg(long)]
-        reason: String,
+        /// Why (recorded in the audit row; not needed with --dry-run).
+        #[arg(long, required_unless_present = "dry_run")]
+        reason: Option<String>,
         #[command(flatten)]
         repair: RepairDsn,
     },
@@ -108,14 +120,26 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
         ParkedCmd::Show { event_id, full, .. } => show(cfg, &sql, &event_id, full).await,
         ParkedCmd::Retry {
             event_id,
+            select,
             payload,
             operator,
             reason,
             ..
         } => {
-            if reason.trim().is_empty() {
+            let reason = reason.unwrap_or_default();
+            if reason.trim().is_empty() && !select.dry_run {
                 return Err(RelayError::Setup("retry needs a --reason".into()));
             }
+            if select.selects() && payload.is_some() {
+                return Err(RelayError::Setup(
+                    "--payload corrects one event: name its event_id instead of a selection".into(),
+                ));
+            }
+            if select.selects() || select.dry_run {
+                let (action, id) = (bulk::Action::Retry, event_id.as_deref());
+                return bulk::run(cfg, &mut sql, action, id, &select, &operator, &reason).await;
+            }
+            let event_id = one(event_id, "retry")?;
             // Its own table's mapping and schemas; never another table's.
             let table = table_of(cfg, &sql, &event_id).await?;
             let new_payload = match payload {
@@ -157,13 +181,20 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
         }
         ParkedCmd::Discard {
             event_id,
+            select,
             operator,
             reason,
             ..
         } => {
-            if reason.trim().is_empty() {
+            let reason = reason.unwrap_or_default();
+            if reason.trim().is_empty() && !select.dry_run {
                 return Err(RelayError::Setup("discard needs a --reason".into()));
             }
+            if select.selects() || select.dry_run {
+                let (action, id) = (bulk::Action::Discard, event_id.as_deref());
+                return bulk::run(cfg, &mut sql, action, id, &select, &operator, &reason).await;
+            }
+            let event_id = one(event_id, "discard")?;
             let req = operator::Request {
                 slot,
                 event_id: &event_id,
@@ -250,6 +281,16 @@ async fn validate(
                 "the corrected payload fails the event's schema, nothing changed: {m}"
             ))
         })
+}
+
+/// The event_id of a one-event `retry`/`discard`, or what to give instead.
+fn one(event_id: Option<String>, verb: &str) -> Result<String, RelayError> {
+    event_id.ok_or_else(|| {
+        RelayError::Setup(format!(
+            "{verb} needs an event_id, or a selection: --aggregate ID, --type EVENT_TYPE, \
+             --table SCHEMA.TABLE or --all (try --dry-run first)"
+        ))
+    })
 }
 
 fn not_parked(event_id: &str) -> RelayError {
@@ -388,4 +429,38 @@ async fn show(
         ));
     }
     Ok(out)
+}
+
+/// `outboxd check`: does this config seal what the relay parks (`[parked] key`)? Without a key
+/// a held event is released only when its outbox row vouches for it, so a delete-after-insert
+/// table needs one operator retry per held event, and rows forged with the relay's database
+/// credential are caught only where an outbox row contradicts them.
+pub fn integrity_line(cfg: &crate::Config) -> super::admin::CheckLine {
+    use super::admin::CheckLine;
+    let p = &cfg.parked;
+    match (&p.key, &p.previous_key, p.accept_untagged) {
+        (None, ..) => CheckLine::warn(
+            "parked integrity",
+            "no [parked] key: parked and held rows carry no integrity tag, so a held event is \
+             released only when its outbox row vouches for it (a table whose rows are deleted \
+             after insert needs a retry per held event) and a row forged with the relay's \
+             database credential is caught only where an outbox row contradicts it. On the \
+             relay's config set OUTBOXD_PARKED_KEY or parked.key_file (docs/operations.md, \
+             \"Delete-after-insert outboxes\"); the repair role's config needs no key",
+        ),
+        (Some(_), prev, untagged) => {
+            let mut d = "parked and held rows are sealed (HMAC-SHA256) and checked before release"
+                .to_string();
+            if prev.is_some() {
+                d.push_str("; previous_key still verifies: remove it once `outboxd parked list` shows no row parked before the rotation");
+            }
+            if untagged {
+                d.push_str("; accept_untagged = true releases rows without a tag by the older checks: turn it off once the rows parked before the key are resolved");
+            }
+            match prev.is_some() || untagged {
+                true => CheckLine::warn("parked integrity", d),
+                false => CheckLine::ok("parked integrity", d),
+            }
+        }
+    }
 }

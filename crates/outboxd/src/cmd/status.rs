@@ -87,8 +87,12 @@ pub async fn collect(cfg: &Config) -> Result<Value, RelayError> {
     } else {
         (None, json!([]))
     };
+    let stuck = match has_tables {
+        true => stuck(&sql, slot).await,
+        false => json!({"count": 0, "oldest": []}),
+    };
     let delivery = delivery_state(cfg, &sql, &host).await?;
-    let mut doc = json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "delivery_state": delivery});
+    let mut doc = json!({"slot": slot_doc, "active_relay": relay, "reported": reported, "parked": parked, "stuck_aggregates": stuck, "delivery_state": delivery});
     let tables = tables(cfg, &sql, has_tables).await?;
     if !tables.is_empty() {
         doc["tables"] = Value::Array(tables);
@@ -323,6 +327,33 @@ pub fn render(v: &Value) -> String {
         };
         row("table", line);
     }
+    if let Some(n) = v.pointer("/stuck_aggregates/count").and_then(Value::as_i64) {
+        if n > 0 {
+            row(
+                "stuck",
+                format!("{n} aggregate(s) held behind a parked head, oldest first:"),
+            );
+        }
+        for a in v
+            .pointer("/stuck_aggregates/oldest")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            row(
+                "stuck",
+                format!(
+                    "  {}/{} behind {} ({}), {} held, {:.0}s",
+                    a["aggregate_type"].as_str().unwrap_or("?"),
+                    a["aggregate_id"].as_str().unwrap_or("?"),
+                    a["head"].as_str().unwrap_or("?"),
+                    a["class"].as_str().unwrap_or("?"),
+                    a["held"],
+                    a["age_seconds"].as_f64().unwrap_or(0.0)
+                ),
+            );
+        }
+    }
     match v.get("parked").and_then(Value::as_array) {
         Some(p) if !p.is_empty() => {
             for e in p {
@@ -344,4 +375,19 @@ pub fn render(v: &Value) -> String {
         },
     }
     out
+}
+
+/// Aggregates held behind a parked head: how many, and the 10 oldest (`outboxd parked retry
+/// --aggregate ID --dry-run` shows what one decision would release).
+async fn stuck(sql: &tokio_postgres::Client, slot: &str) -> Value {
+    match crate::poison::store::stuck_aggregates(sql, slot, 10).await {
+        Ok((n, oldest)) => json!({
+            "count": n,
+            "oldest": oldest.into_iter().map(|(t, id, head, class, held, age)| json!({
+                "aggregate_type": t, "aggregate_id": id, "head": head, "class": class,
+                "held": held, "age_seconds": age,
+            })).collect::<Vec<_>>(),
+        }),
+        Err(e) => json!({"unavailable": e.to_string()}),
+    }
 }

@@ -5,6 +5,7 @@
 //! (`OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS` → `bootstrap.servers`).
 
 pub(crate) mod cleanup;
+pub(crate) mod parked;
 pub(crate) mod replay;
 pub(crate) mod secrets;
 pub(crate) mod shadow;
@@ -91,6 +92,9 @@ pub struct Config {
     /// Operator replays (`outboxd replay`, R38): side-effecting types, approval size, rate.
     #[serde(default)]
     pub replay: replay::ReplayConfig,
+    /// The integrity key of parked and held rows and the bounds of that store (issue 40).
+    #[serde(default)]
+    pub parked: parked::ParkedConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -493,6 +497,12 @@ impl Config {
             &cfg.source.dsn,
             cfg.source.password.as_deref(),
         );
+        for k in [&cfg.parked.key, &cfg.parked.previous_key]
+            .into_iter()
+            .flatten()
+        {
+            cfg.redactor.add(k);
+        }
         for dsn in [
             cfg.cleanup.dsn.as_deref(),
             cfg.source.replication_dsn.as_deref(),
@@ -738,7 +748,7 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bo
 }
 
 /// The sections `OUTBOXD_<SECTION>_<KEY>` may name.
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
     "source",
     "sink",
     "relay",
@@ -751,6 +761,7 @@ const SECTIONS: [&str; 12] = [
     "cleanup",
     "shadow",
     "replay",
+    "parked",
 ];
 
 fn sub_table<'a>(t: &'a mut toml::Table, name: &str) -> Result<&'a mut toml::Table, ConfigError> {

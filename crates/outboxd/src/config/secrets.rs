@@ -105,6 +105,13 @@ pub fn of_table(root: &toml::Table) -> Redactor {
     {
         r.add(&p);
     }
+    if let Some(parked) = section("parked") {
+        for key in ["key", "previous_key"] {
+            if let Some(k) = parked.get(key) {
+                r.add(&text(k));
+            }
+        }
+    }
     if let Some(src) = section("source") {
         if let Some(p) = src.get("password") {
             r.add(&text(p));
@@ -182,6 +189,7 @@ pub fn load_files(cfg: &mut Config) -> Result<(), ConfigError> {
         }
         cfg.source.password = Some(read("source.password_file", &path.to_string_lossy())?);
     }
+    cfg.parked.load_files(read)?;
     Ok(())
 }
 

@@ -42,6 +42,7 @@ pub const PARKED: &str = "outboxd_parked_events";
 pub const PARKED_OLDEST_AGE: &str = "outboxd_parked_oldest_age_seconds";
 pub const POISON: &str = "outboxd_poison_events_total";
 pub const BLOCKED: &str = "outboxd_blocked_events_total";
+pub const STUCK_AGGREGATES: &str = "outboxd_stuck_aggregates";
 pub const SLOT_LOSSES: &str = "outboxd_slot_losses_total";
 pub const RECOVERIES: &str = "outboxd_recoveries_total";
 pub const RECOVERED_EVENTS: &str = "outboxd_recovered_events_total";
@@ -53,6 +54,11 @@ pub const SLOT_LAST_LOSS: &str = "outboxd_slot_last_loss_timestamp_seconds";
 
 /// Every metric outboxd exports, with its help text.
 pub const METRICS: &[(&str, &str)] = &[
+    (
+        STUCK_AGGREGATES,
+        "aggregates whose events are held behind an open parked head (one operator decision each: \
+         outboxd parked retry|discard; `outboxd status` names the oldest)",
+    ),
     (
         SLOT_LOSSES,
         "replication slot losses detected, per reason (missing, invalidated, new_system, interrupted, manual)",

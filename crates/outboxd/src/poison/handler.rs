@@ -12,10 +12,13 @@ use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
 use crate::obs::Observed;
+use crate::poison::bounds::Bounds;
+use crate::poison::integrity::Placement;
 use crate::poison::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
-use crate::poison::provenance::{Found, Provenance};
+use crate::poison::provenance::Provenance;
 use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
 use crate::poison::validate::Validator;
+use crate::poison::vet::Vetting;
 use crate::relay::kafka::{Producer, Verdict};
 use crate::relay::route::{release, TopicTemplate};
 use crate::relay::source::sql_bounded;
@@ -86,6 +89,10 @@ pub struct PoisonHandler {
     topic_buf: String,
     /// Outside the stream (replay): park nothing, hold nothing; every poison event is an error.
     refuse_all: bool,
+    /// The integrity key: seals what is parked and held, vets what is released.
+    vetting: Vetting,
+    /// `[parked]` bounds, and the bytes the open rows hold (refreshed every repair tick).
+    bounds: Bounds,
 }
 
 impl PoisonHandler {
@@ -100,7 +107,9 @@ impl PoisonHandler {
             false => parking::ensure_tables(sql).await?,
         }
         let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
-        Self::with(cfg, blocked, observed, false)
+        let mut h = Self::with(cfg, blocked, observed, false)?;
+        h.bounds.open_bytes = parking::open_bytes(sql, &cfg.source.slot).await?;
+        Ok(h)
     }
 
     /// For events republished outside the stream (replay): the parking table belongs to the
@@ -130,6 +139,8 @@ impl PoisonHandler {
             tagged: cfg.tags_records(),
             topic_buf: String::new(),
             refuse_all,
+            vetting: Vetting::of(&cfg.parked),
+            bounds: Bounds::of(&cfg.parked),
         })
     }
 
@@ -231,6 +242,8 @@ impl PoisonHandler {
         let blocks = pol.ordering == Ordering::Aggregate
             && rec.aggregate_type.is_some()
             && rec.aggregate_id.is_some();
+        self.bounds.admit(&rec)?;
+        let tag = self.seal(&rec, blocks, None);
         let state = sql_bounded(parking::park(
             sql,
             &self.slot,
@@ -240,6 +253,7 @@ impl PoisonHandler {
             None,
             class,
             message,
+            tag.as_deref(),
         ))
         .await?;
         fail::hit("parked");
@@ -272,6 +286,8 @@ impl PoisonHandler {
         rec: &ParkedRecord,
         head: &str,
     ) -> Result<(), RelayError> {
+        self.bounds.admit(rec)?;
+        let tag = self.seal(rec, true, Some(head));
         sql_bounded(parking::park(
             sql,
             &self.slot,
@@ -283,6 +299,7 @@ impl PoisonHandler {
             &format!(
                 "held behind parked event {head} of the same aggregate (ordering = \"aggregate\")"
             ),
+            tag.as_deref(),
         ))
         .await?;
         let event_type = rec.event_type.as_deref().unwrap_or("");
@@ -299,6 +316,21 @@ impl PoisonHandler {
         Ok(())
     }
 
+    /// Is a released event waiting for its acknowledgement?
+    pub fn releasing(&self) -> bool {
+        self.releasing.is_some()
+    }
+
+    /// The relay's integrity tag of a row it parks (see `poison::integrity`), with a key.
+    fn seal(&self, rec: &ParkedRecord, blocks: bool, head: Option<&str>) -> Option<Vec<u8>> {
+        let at = Placement {
+            slot: &self.slot,
+            blocks_aggregate: blocks,
+            blocked_by: head,
+        };
+        self.vetting.sealer.as_ref().map(|s| s.seal(&at, rec))
+    }
+
     /// Periodic: pick up operator repairs (retry/discard). Returns the open parked events per
     /// type and state, for the gauges.
     pub async fn repair_tick(
@@ -307,6 +339,9 @@ impl PoisonHandler {
         producer: &Producer,
     ) -> Result<OpenStats, RelayError> {
         let stats = parking::open_stats(sql, &self.slot).await?;
+        self.bounds.open_bytes = parking::open_bytes(sql, &self.slot).await?;
+        let stuck = parking::stuck_count(sql, &self.slot).await?;
+        metrics::gauge!(crate::obs::STUCK_AGGREGATES).set(stuck as f64);
         if self.releasing.is_none() {
             self.blocked = parking::blocked_aggregates(sql, &self.slot).await?;
             self.release_next(sql, producer).await?;
@@ -328,29 +363,18 @@ impl PoisonHandler {
                 return Ok(());
             }
         };
-        // Never what nobody vouches for (see poison::provenance).
-        let refused = match self.routes[route_ix].provenance.check(sql, &r).await? {
-            Found::Vouched => None,
-            Found::Unverified => Some((
-                "unverified",
-                "its outbox row is gone (cleanup, or an application that deletes its outbox \
-                 rows), so nothing shows this parked copy is what the application wrote: check it \
-                 with `outboxd parked show`, then `outboxd parked retry` (you vouch for it) or \
-                 `discard`"
-                    .to_string(),
-            )),
-            Found::Differs(field) => Some((
-                "tampered",
-                format!(
-                    "the parked copy's {field} differs from the event's row in the outbox table: \
-                     someone with write access to outbox_parked changed or forged it; not \
-                     published (find out who: outbox_parked_audit, the database's logs), then \
-                     `outboxd parked discard` it, or `retry` with --payload"
-                ),
-            )),
-        };
+        // Never what the relay did not write, unchanged (see poison::vet).
+        let refused = self
+            .vetting
+            .vet(&self.slot, &mut self.routes[route_ix].provenance, sql, &r)
+            .await?;
         if let Some((class, message)) = refused {
             parking::mark_failed(sql, r.id, class, &message).await?;
+            let event_type = r.record.event_type.as_deref().unwrap_or("");
+            let label = self.observed.labels.event_type(event_type).into_owned();
+            metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class)
+                .increment(1);
+            self.observed.errors.record(class, &label);
             tracing::error!(event_id = %r.record.event_id, class, "parked event not released: {message}");
             return Ok(());
         }

@@ -243,6 +243,10 @@ mod tests {
             },
             retry,
             corrected,
+            parked_payload: None,
+            blocks_aggregate: true,
+            blocked_by: None,
+            tag: None,
         }
     }
 

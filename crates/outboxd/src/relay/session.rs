@@ -262,7 +262,7 @@ pub async fn run_session_as(
                     holder.check_after_gap(cfg, st.slot_sql()).await?;
                     st.on_ack(ack, &producer).await?
                 }
-                () = ack_wait.due(), if room && stream.caught_up() && st.in_flight().events() > 0 => {
+                () = ack_wait.due(), if room && stream.caught_up() && (st.in_flight().events() > 0 || st.releasing()) => {
                     holder.check_after_gap(cfg, st.slot_sql()).await?;
                 }
                 ev = stream.recv(), if room => {

@@ -172,6 +172,13 @@ impl Stages {
         self.watch.tick(view, reading).await
     }
 
+    /// A parked event is out for its acknowledgement: it counts in no in-flight window, so
+    /// without this the session would take its ack only at the next tick, and each event of a
+    /// released aggregate would wait a tick (250 ms) for the one before it (issue 40).
+    pub fn releasing(&self) -> bool {
+        self.poison.releasing()
+    }
+
     /// Periodic: pick up operator repairs and refresh the parked-event gauges.
     pub async fn repair_tick(&mut self, producer: &Producer) -> Result<(), RelayError> {
         let stats = self.poison.repair_tick(&self.sql, producer).await?;

@@ -7,6 +7,7 @@
 //! Parking is idempotent per (slot, event_id): a replay after a crash bumps `attempts` and
 //! `last_seen` and never creates a second row or reopens a resolved one.
 
+pub(crate) mod bulk;
 pub(crate) mod operator;
 
 use crate::config::tables::SOURCE_TABLE_HEADER;
@@ -63,8 +64,8 @@ pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
                 // tables (the repair role, a least-privilege relay) must still see them.
                 "SELECT to_regclass('outbox_parked') IS NOT NULL \
                           AND to_regclass('outbox_parked_audit') IS NOT NULL, \
-                        count(*) = 3 FROM pg_attribute WHERE NOT attisdropped \
-                   AND ((attrelid = to_regclass('outbox_parked') AND attname = 'retry_audit_id') \
+                        count(*) = 4 FROM pg_attribute WHERE NOT attisdropped \
+                   AND ((attrelid = to_regclass('outbox_parked') AND attname IN ('retry_audit_id', 'integrity_tag')) \
                      OR (attrelid = to_regclass('outbox_parked_audit') AND attname IN ('db_user', 'txid')))",
                 &[],
             )
@@ -130,6 +131,8 @@ pub async fn guards_installed(sql: &Client) -> Result<bool, RelayError> {
 /// counts an attempt. With several outbox tables two tables may carry the same event_id; the
 /// second would then vanish into the first's row, so a conflict whose stored `source_table`
 /// header differs is refused ([`RelayError::Halted`], class `event_id_collision`).
+///
+/// `tag`: the relay's integrity tag of the row (`poison::integrity`), when it has a key.
 #[allow(clippy::too_many_arguments)]
 pub async fn park(
     sql: &Client,
@@ -140,6 +143,7 @@ pub async fn park(
     blocked_by: Option<&str>,
     class: &str,
     message: &str,
+    tag: Option<&[u8]>,
 ) -> Result<String, RelayError> {
     let headers = serde_json::to_value(&rec.headers).unwrap_or(serde_json::Value::Null);
     let state = match state {
@@ -150,8 +154,8 @@ pub async fn park(
         .query_one(
             &format!("INSERT INTO outbox_parked (slot, event_id, aggregate_type, aggregate_id, aggregate_version, \
                event_type, topic, record_key, payload, headers, record_ts_ms, state, blocks_aggregate, \
-               blocked_by, error_class, error_message) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+               blocked_by, error_class, error_message, integrity_tag) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
              ON CONFLICT (slot, event_id) DO UPDATE SET attempts = outbox_parked.attempts + 1, \
                last_seen = now() \
              RETURNING state, {}", table_of("outbox_parked")),
@@ -172,6 +176,7 @@ pub async fn park(
                 &blocked_by,
                 &class,
                 &message,
+                &tag,
             ],
         )
         .await?;
@@ -234,6 +239,22 @@ pub struct Release {
     pub retry: bool,
     /// The payload is the operator's correction from the retry's audit row.
     pub corrected: bool,
+    /// What the integrity tag covers besides `record` (whose payload may be the correction):
+    /// the payload as parked, `blocks_aggregate`, `blocked_by`; and the stored tag.
+    pub parked_payload: Option<Vec<u8>>,
+    pub blocks_aggregate: bool,
+    pub blocked_by: Option<String>,
+    pub tag: Option<Vec<u8>>,
+}
+
+impl Release {
+    /// The row as parked (the payload before any correction), which its tag covers.
+    pub fn as_parked(&self) -> ParkedRecord {
+        ParkedRecord {
+            payload: self.parked_payload.clone(),
+            ..self.record.clone()
+        }
+    }
 }
 
 /// The oldest row that may be published now: asked to be retried (with its audit row), or
@@ -241,13 +262,19 @@ pub struct Release {
 /// in stream order. A `retry` row whose audit row is missing is never released, and holds its
 /// aggregate like a parked one. A retry's payload is the one in its audit row when the operator
 /// corrected it (the parked copy itself never changes).
+///
+/// The hold is by `=`, not `IS NOT DISTINCT FROM`: only rows of a known aggregate hold
+/// (`blocks_aggregate` is set for those alone, and the guard lets a held row in only behind
+/// an equal aggregate), and `=` lets the open index find the rows ahead, so a release among
+/// thousands of held events costs an index probe, not a scan of them all (issue 40).
 pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, RelayError> {
     let row = sql
         .query_opt(
             &format!(
                 "SELECT p.id, p.event_id, p.aggregate_type, p.aggregate_id, p.aggregate_version, \
                     p.event_type, p.topic, p.record_key, coalesce(a.new_payload, p.payload), \
-                    p.headers, p.record_ts_ms, p.state = 'retry', a.new_payload IS NOT NULL \
+                    p.headers, p.record_ts_ms, p.state = 'retry', a.new_payload IS NOT NULL, \
+                    p.payload, p.blocks_aggregate, p.blocked_by, p.integrity_tag \
              FROM outbox_parked p \
              LEFT JOIN outbox_parked_audit a ON p.state = 'retry' AND a.id = p.retry_audit_id \
                   AND a.slot = p.slot AND a.event_id = p.event_id AND a.action = 'retry' \
@@ -255,8 +282,8 @@ pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, R
                AND NOT EXISTS (SELECT 1 FROM outbox_parked h \
                    WHERE h.slot = p.slot AND h.id < p.id AND h.blocks_aggregate \
                      AND (h.state IN ('parked', 'retry') OR (h.state = 'blocked' AND p.state = 'blocked')) \
-                     AND h.aggregate_type IS NOT DISTINCT FROM p.aggregate_type \
-                     AND h.aggregate_id IS NOT DISTINCT FROM p.aggregate_id AND {}) \
+                     AND h.aggregate_type = p.aggregate_type \
+                     AND h.aggregate_id = p.aggregate_id AND {}) \
              ORDER BY p.id LIMIT 1",
                 same_table("h", "p")
             ),
@@ -283,6 +310,10 @@ pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, R
             },
             retry: r.get(11),
             corrected: r.get(12),
+            parked_payload: r.get(13),
+            blocks_aggregate: r.get(14),
+            blocked_by: r.get(15),
+            tag: r.get(16),
         }
     }))
 }
@@ -356,6 +387,77 @@ pub async fn open_per_table(
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// SQL: the bytes a parked row `alias` holds (key, value, headers), what `[parked]
+/// max_record_bytes` and `max_open_bytes` bound.
+pub(crate) fn bytes_of(alias: &str) -> String {
+    format!(
+        "(coalesce(octet_length({alias}.record_key), 0) + coalesce(octet_length({alias}.payload), 0) \
+          + coalesce(octet_length({alias}.headers::text), 0))"
+    )
+}
+
+/// The bytes the open rows of `slot` hold ([`bytes_of`]).
+pub async fn open_bytes(sql: &Client, slot: &str) -> Result<u64, RelayError> {
+    let n: i64 = sql
+        .query_one(
+            &format!(
+                "SELECT coalesce(sum({}), 0)::int8 FROM outbox_parked p \
+                 WHERE p.slot = $1 AND p.state IN ('parked', 'blocked', 'retry')",
+                bytes_of("p")
+            ),
+            &[&slot],
+        )
+        .await?
+        .get(0);
+    Ok(n.max(0) as u64)
+}
+
+/// An aggregate stuck behind a parked head: (aggregate_type, aggregate_id, head event_id, the
+/// head's error class, events held behind it, seconds since the head was parked).
+pub type Stuck = (String, String, String, String, i64, f64);
+
+/// How many aggregates a parked head holds, and the `limit` oldest, for `outboxd status`
+/// (issue 40: one number that says the stream of an aggregate stopped, and where).
+pub async fn stuck_aggregates(
+    sql: &Client,
+    slot: &str,
+    limit: i64,
+) -> Result<(i64, Vec<Stuck>), RelayError> {
+    let rows = sql
+        .query(
+            "SELECT h.aggregate_type, h.aggregate_id, h.event_id, h.error_class, \
+                    (SELECT count(*) FROM outbox_parked b WHERE b.slot = h.slot AND b.state = 'blocked' \
+                       AND b.aggregate_type = h.aggregate_type AND b.aggregate_id = h.aggregate_id), \
+                    extract(epoch FROM now() - h.first_seen)::float8, count(*) OVER () \
+             FROM outbox_parked h WHERE h.slot = $1 AND h.blocks_aggregate \
+               AND h.state IN ('parked', 'retry') \
+               AND h.aggregate_type IS NOT NULL AND h.aggregate_id IS NOT NULL \
+             ORDER BY h.first_seen, h.id LIMIT $2",
+            &[&slot, &limit],
+        )
+        .await?;
+    let total = rows.first().map_or(0, |r| r.get(6));
+    Ok((
+        total,
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+            .collect(),
+    ))
+}
+
+/// How many aggregates a parked head holds (for the `outboxd_stuck_aggregates` gauge).
+pub async fn stuck_count(sql: &Client, slot: &str) -> Result<i64, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT count(DISTINCT (aggregate_type, aggregate_id)) FROM outbox_parked \
+             WHERE slot = $1 AND blocks_aggregate AND state IN ('parked', 'retry') \
+               AND aggregate_type IS NOT NULL AND aggregate_id IS NOT NULL",
+            &[&slot],
+        )
+        .await?
+        .get(0))
 }
 
 /// Open parked events: `(event_type, state, count, age of the oldest in seconds)`.
