@@ -59,7 +59,7 @@ fn generated_rules_pass_promtool_check_and_unit_tests() {
     )
     .unwrap();
     let checked = promtool(dir.path(), &["check", "rules", "rules.yml"]);
-    assert!(checked.contains("SUCCESS: 11 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 12 rules found"), "{checked}");
     promtool(dir.path(), &["test", "rules", "outboxd.test.yml"]);
 }
 
@@ -88,7 +88,7 @@ default = 70
     .unwrap();
     generate_rules(&config, &dir.path().join("rules.yml"));
     let checked = promtool(dir.path(), &["check", "rules", "rules.yml"]);
-    assert!(checked.contains("SUCCESS: 15 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 16 rules found"), "{checked}");
 }
 
 #[test]
@@ -249,7 +249,7 @@ async fn a_real_prometheus_scrapes_the_relay_and_fires_the_parked_alert() -> any
             .flatten()
             .flat_map(|g| g["rules"].as_array().into_iter().flatten())
             .collect();
-        Ok(rules.len() == 10
+        Ok(rules.len() == 11
             && rules
                 .iter()
                 .all(|r| r["health"] == "ok" && r["lastError"].as_str().unwrap_or("").is_empty()))

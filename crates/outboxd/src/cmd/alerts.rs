@@ -266,6 +266,16 @@ pub fn rules(cfg: &AlertsConfig) -> String {
         summary: "events are parked and need an operator (outboxd parked list)".into(),
     });
     rules.push(Rule {
+        alert: "OutboxdAggregatesStuck",
+        // Not a page of its own: the parked head already raised OutboxdParkedEvents. This one
+        // says that later events of live aggregates have waited behind it for half an hour.
+        expr: format!("{}({}) > 0", agg("max", g, &[]), obs::STUCK_AGGREGATES),
+        for_: "30m",
+        severity: "warning",
+        labels: vec![],
+        summary: "aggregates' later events have waited behind a parked event for 30 min (outboxd status names them; one outboxd parked retry or discard of the head releases its held events)".into(),
+    });
+    rules.push(Rule {
         alert: "OutboxdDown",
         // Per pair: instances that answer, none active. A pair whose every instance is gone
         // has no series left to group: Prometheus's own `up == 0` for its targets says that
