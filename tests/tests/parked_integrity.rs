@@ -144,6 +144,16 @@ async fn one_retry_releases_the_aggregate(
     .await?;
     let head_state = &parked(&c).await?[0].1;
     assert_eq!(head_state, if discard { "discarded" } else { "delivered" });
+    // The one decision is in the audit trail of every event it released, by name and reason.
+    let followers: i64 = c
+        .query_one(
+            "SELECT count(*) FROM outbox_parked_audit WHERE event_id <> $1 AND action = 'retry' \
+             AND reason LIKE 'held behind ' || $1 || ', released by its %'",
+            &[&id],
+        )
+        .await?
+        .get(0);
+    assert_eq!(followers, 10);
     eprintln!(
         "{name}: 1 decision released the aggregate in {:?}",
         started.elapsed()

@@ -193,6 +193,7 @@ pub async fn request_retry(
         )
         .await?
         .get(0);
+    audit_followers(&tx, r, "retry").await?;
     // The parked copy stays as it was: a corrected payload is released from the audit row,
     // which the row names and only this transaction may name (sql/030's guard).
     tx.execute(
@@ -227,6 +228,7 @@ pub async fn discard(sql: &mut Client, r: &Request<'_>) -> Result<bool, RelayErr
         &[&r.slot, &r.event_id, &r.operator, &r.reason],
     )
     .await?;
+    audit_followers(&tx, r, "discard").await?;
     tx.execute(
         "UPDATE outbox_parked SET state = 'discarded', resolved_at = now(), retry_audit_id = NULL \
          WHERE slot = $1 AND event_id = $2",
@@ -235,4 +237,28 @@ pub async fn discard(sql: &mut Client, r: &Request<'_>) -> Result<bool, RelayErr
     .await?;
     tx.commit().await?;
     Ok(true)
+}
+
+/// One decision releases the events held behind the head `r` names (the relay then checks each
+/// and publishes them in version order): each gets its own audit row in the operator's
+/// transaction, so the trail says who released every one and why, not only the head. Action
+/// `retry`: they are published (as they were parked; a corrected payload is the head's only).
+/// Rows only, no state change: the relay moves them when the head is resolved.
+async fn audit_followers(
+    tx: &tokio_postgres::Transaction<'_>,
+    r: &Request<'_>,
+    decision: &str,
+) -> Result<u64, RelayError> {
+    let reason = format!(
+        "held behind {}, released by its {decision}: {}",
+        r.event_id, r.reason
+    );
+    Ok(tx
+        .execute(
+            "INSERT INTO outbox_parked_audit (slot, event_id, action, operator, reason) \
+             SELECT slot, event_id, 'retry', $3, $4 FROM outbox_parked \
+             WHERE slot = $1 AND blocked_by = $2 AND state = 'blocked' ORDER BY id",
+            &[&r.slot, &r.event_id, &r.operator, &reason],
+        )
+        .await?)
 }
