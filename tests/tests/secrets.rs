@@ -1,7 +1,7 @@
 //! Secrets never echoed (issue 13): a distinctive marker is set in every secret-bearing key —
 //! the DSN's password, `source.password`, `sasl.password`, `ssl.key.password`,
-//! `ssl.keystore.password`, and where librdkafka is refused first `sasl.oauthbearer.client.secret`
-//! — and each error path is provoked:
+//! `ssl.keystore.password`, the parked rows' integrity key (`[parked] key`, issue 40), and where
+//! librdkafka is refused first `sasl.oauthbearer.client.secret` — and each error path is provoked:
 //! TOML syntax and type errors, `Config`'s `Debug`, a configuration librdkafka refuses, a
 //! broker that rejects the credentials while the relay runs, `check` and `status`. The marker
 //! must appear nowhere.
@@ -32,6 +32,7 @@ fn secret_toml(env: &Env, kafka_extra: &str) -> String {
                  \"{MARK}-key\"\n\"ssl.keystore.password\" = \"{MARK}-ks\"\n{kafka_extra}\n"
             ),
         )
+        + &format!("\n[parked]\nkey = \"{MARK}-parked-integrity-key-0123456789\"\n")
 }
 
 fn assert_clean(what: &str, text: &str) {
@@ -69,6 +70,14 @@ async fn config_errors_and_debug_never_echo_secrets() -> anyhow::Result<()> {
         (
             format!("password = \"{}\"", outboxd_tests::testkit::PG_PASSWORD),
             format!("password = {{ v = \"{MARK}-pw\" }}"),
+        ),
+        (
+            format!("key = \"{MARK}-parked-integrity-key-0123456789\""),
+            format!("key = [\"{MARK}-parked-integrity-key-0123456789\"]"),
+        ),
+        (
+            format!("key = \"{MARK}-parked-integrity-key-0123456789\""),
+            format!("key = \"{MARK}-short\""),
         ),
     ] {
         let bad = good.replace(&from, &to);
