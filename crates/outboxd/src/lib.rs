@@ -46,7 +46,22 @@
 //!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records.
 //! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
 //!   `alerts`, `parked`, `recover`, `replay`).
-//! - [`config`] (+ `secrets`), [`error`], `fail` (crash hooks for the crash-window tests).
+//! - [`config`] (+ `secrets`; one file per section: `alerts`, `cleanup`, `parked`, `replay`,
+//!   `shadow`, `tables`, `validate`), [`error`], `fail` (crash hooks for the crash-window tests).
+//!
+//! # Floors
+//! Imports point down: a module imports its own floor's modules or the floors below, never one
+//! above (checked by `tests/tests/house.rs`). Where a lower module must call back up, it is handed
+//! a small trait or a value.
+//!
+//! 1. `cmd/` — the command line: reads every floor below, nothing imports it.
+//! 2. the stages — `supervisor`, `relay/`, `slot/`, `poison/`, `replay/`, `cleanup/`, `shadow/`,
+//!    `obs/`, `schema`.
+//! 3. [`config`] (every section's type, `config/alerts` for `outboxd alerts`), [`error`], `fail`.
+//!
+//! Still pointing up (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them):
+//! `config` → `relay`, `slot`, `poison`; `error` → `relay`; `obs` → `relay`; and the stages
+//! `relay` ↔ `slot`, `poison`, `shadow`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in

@@ -4,6 +4,7 @@
 //! `[sink.kafka]` is passed verbatim to librdkafka; its env form maps `_` to `.`
 //! (`OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS` → `bootstrap.servers`).
 
+pub(crate) mod alerts;
 pub(crate) mod cleanup;
 pub(crate) mod parked;
 pub(crate) mod replay;
@@ -82,7 +83,7 @@ pub struct Config {
     #[serde(default)]
     pub heartbeat: HeartbeatConfig,
     #[serde(default)]
-    pub alerts: crate::cmd::alerts::AlertsConfig,
+    pub alerts: alerts::AlertsConfig,
     /// Deleting delivered outbox rows (`outboxd cleanup`, or a loop in `run`).
     #[serde(default)]
     pub cleanup: cleanup::CleanupConfig,
