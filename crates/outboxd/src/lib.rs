@@ -26,7 +26,7 @@
 //!     synthetic pgoutput messages (byte-identical records): slot-loss recovery and replay.
 //! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
 //!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
-//! - `poison/`: events retrying cannot fix — `policy` (classes, per-type policy), `validate`
+//! - `poison/`: events retrying cannot fix — `policy` (the failure classes), `validate`
 //!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair;
 //!   `store/bulk`: repairs of a selection), `handler` (what a session does with one: park or
 //!   halt, hold, release in order), `integrity` (the HMAC tag only the relay's key makes),
@@ -57,10 +57,11 @@
 //! 1. `cmd/` — the command line: reads every floor below, nothing imports it.
 //! 2. the stages — `supervisor`, `relay/`, `slot/`, `poison/`, `replay/`, `cleanup/`, `shadow/`,
 //!    `obs/`, `schema`.
-//! 3. [`config`] (every section's type, `config/alerts` for `outboxd alerts`), [`error`], `fail`.
+//! 3. [`config`] (every section's type: `config/alerts` for `outboxd alerts`, `config/policy` for
+//!    the poison policy), [`error`], `fail`.
 //!
 //! Still pointing up (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them):
-//! `config` → `relay`, `slot`, `poison`; `error` → `relay`; `obs` → `relay`; and the stages
+//! `config` → `relay`, `slot`; `error` → `relay`; `obs` → `relay`; and the stages
 //! `relay` ↔ `slot`, `poison`, `shadow`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),

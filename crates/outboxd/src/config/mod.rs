@@ -7,6 +7,7 @@
 pub(crate) mod alerts;
 pub(crate) mod cleanup;
 pub(crate) mod parked;
+pub(crate) mod policy;
 pub(crate) mod replay;
 pub(crate) mod secrets;
 pub(crate) mod shadow;
@@ -77,7 +78,7 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Poison-event policy: `ordering` and `on_poison`, per event type.
     #[serde(default)]
-    pub policy: crate::poison::policy::PolicyConfig,
+    pub policy: policy::PolicyConfig,
     #[serde(default)]
     pub validation: ValidationConfig,
     #[serde(default)]
@@ -958,7 +959,7 @@ dsn = "postgres://u@127.0.0.1:5432/app"
         assert_eq!(c.relay.max_in_flight_events, 7);
         assert_eq!(c.source.columns.preset, Preset::Debezium);
         assert_eq!(c.heartbeat.interval_ms, 0);
-        assert_eq!(c.policy.on_poison, crate::poison::policy::OnPoison::Halt);
+        assert_eq!(c.policy.on_poison, crate::config::policy::OnPoison::Halt);
     }
 
     #[test]
@@ -1107,7 +1108,7 @@ columns = { preset = "debezium" }
 #[cfg(test)]
 mod table_policy_tests {
     use super::*;
-    use crate::poison::policy::{OnPoison, Ordering};
+    use crate::config::policy::{OnPoison, Ordering};
 
     fn load(extra: &str) -> Result<Config, ConfigError> {
         Config::from_toml_and_env(

@@ -7,7 +7,7 @@
 //! A leaf module: the resolved [`OutboxTable`] is what the relay's stages, `init` and `check`
 //! share, so none of them reaches into the configuration's raw fields.
 
-use crate::poison::policy::{PolicyConfig, PolicyOverride};
+use super::policy::{PolicyConfig, PolicyOverride};
 use crate::relay::route::Columns;
 use serde::Deserialize;
 use std::path::PathBuf;

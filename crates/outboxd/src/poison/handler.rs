@@ -7,6 +7,7 @@
 //! (ordering is per aggregate within a table). A parked event that names no table (parked by
 //! a one-table relay) holds its aggregate in every table, since nothing says which it was.
 
+use crate::config::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
 use crate::config::tables::{stored_table, ParkedTable, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
@@ -14,7 +15,6 @@ use crate::fail;
 use crate::obs::Observed;
 use crate::poison::bounds::Bounds;
 use crate::poison::integrity::Placement;
-use crate::poison::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
 use crate::poison::provenance::Provenance;
 use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
 use crate::poison::validate::Validator;
