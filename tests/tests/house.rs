@@ -263,7 +263,6 @@ fn no_process_wide_state_in_the_relay() {
 /// that no longer imports both ways also fails, so the list only shrinks.
 const KNOWN_TWO_WAY: &[(&str, &str)] = &[
     ("config", "relay"),
-    ("config", "slot"),
     ("error", "relay"),
     ("obs", "relay"),
     ("poison", "relay"),

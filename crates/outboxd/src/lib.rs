@@ -61,7 +61,7 @@
 //!    the poison policy), [`error`], `fail`.
 //!
 //! Still pointing up (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them):
-//! `config` → `relay`, `slot`; `error` → `relay`; `obs` → `relay`; and the stages
+//! `config` → `relay`; `error` → `relay`; `obs` → `relay`; and the stages
 //! `relay` ↔ `slot`, `poison`, `shadow`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),

@@ -10,6 +10,9 @@ use std::time::Duration;
 const MAX_INTERVAL_MS: u64 = 366 * 86_400 * 1000;
 /// Longest `relay.read_linger_ms`: the pause blocks the relay's thread (shutdown, metrics).
 const MAX_READ_LINGER_MS: u64 = 100;
+/// The smallest `relay.takeover_after_ms` other than 0: two missed beats (the holder beats
+/// every second, `slot::fence::BEAT_EVERY`).
+const MIN_TAKEOVER_MS: u64 = 2_000;
 /// Most `[[source.tables]]` entries: each is a value of the `table` metric label, which must
 /// stay bounded.
 const MAX_TABLES: usize = 256;
@@ -269,12 +272,12 @@ impl Config {
             ));
         }
         let takeover = self.relay.takeover_after_ms;
-        if takeover > 0 && takeover < crate::slot::fence::MIN_TAKEOVER_MS {
+        if takeover > 0 && takeover < MIN_TAKEOVER_MS {
             return Err(invalid(format!(
                 "relay.takeover_after_ms = {takeover} would fence a healthy relay that missed a \
                  beat or two: use 0 (never fence) or at least {} (the liveness signal is written \
                  every second)",
-                crate::slot::fence::MIN_TAKEOVER_MS
+                MIN_TAKEOVER_MS
             )));
         }
         if let Some(ms) = self
