@@ -46,8 +46,12 @@
 //!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records.
 //! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
 //!   `alerts`, `parked`, `recover`, `replay`).
-//! - [`config`] (+ `secrets`; one file per section: `alerts`, `cleanup`, `parked`, `replay`,
-//!   `shadow`, `tables`, `validate`), [`error`], `fail` (crash hooks for the crash-window tests).
+//! - [`config`] (+ `secrets`; one file per section: `alerts`, `cleanup`, `oidc`, `parked`,
+//!   `policy`, `replay`, `shadow`, `tables`, `validate`), [`error`], `fail` (crash hooks for the
+//!   crash-window tests).
+//! - `model/`: the shared vocabulary — `columns` (which column holds which event field, presets,
+//!   `additional` placements), `topic` (the topic template), `route` (`SettingError`,
+//!   `RouteError`, the reserved header names), `tls` (`[source]`'s TLS settings and their checks).
 //!
 //! # Floors
 //! Imports point down: a module imports its own floor's modules or the floors below, never one
@@ -58,11 +62,12 @@
 //! 2. the stages — `supervisor`, `relay/`, `slot/`, `poison/`, `replay/`, `cleanup/`, `shadow/`,
 //!    `obs/`, `schema`.
 //! 3. [`config`] (every section's type: `config/alerts` for `outboxd alerts`, `config/policy` for
-//!    the poison policy), [`error`], `fail`.
+//!    the poison policy, `config/oidc` for `[sink.kafka]`'s OIDC settings), [`error`] (which
+//!    wraps `ConfigError`), `fail`.
+//! 4. `model/` — the ground floor: imports nothing of the crate.
 //!
 //! Still pointing up (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them):
-//! `config` → `relay`; `error` → `relay`; `obs` → `relay`; and the stages
-//! `relay` ↔ `slot`, `poison`, `shadow`.
+//! `error` → `relay`; `obs` → `relay`; and the stages `relay` ↔ `slot`, `poison`, `shadow`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in
@@ -74,6 +79,7 @@ pub mod cmd;
 pub mod config;
 pub mod error;
 pub(crate) mod fail;
+pub(crate) mod model;
 pub mod obs;
 pub(crate) mod poison;
 pub(crate) mod relay;

@@ -4,8 +4,8 @@
 use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::model::columns::Preset;
 use crate::relay::kafka::Producer;
-use crate::relay::route::Preset;
 use crate::relay::source::{self, quote_ident};
 use std::time::Duration;
 
@@ -667,7 +667,7 @@ fn topics_line(cfg: &Config, table: &OutboxTable, topics: &[String]) -> CheckLin
         "topics".to_string()
     };
     let what = what.as_str();
-    let Ok(t) = crate::relay::route::TopicTemplate::parse(&table.topic) else {
+    let Ok(t) = crate::model::topic::TopicTemplate::parse(&table.topic) else {
         return line(false, what, "the topic template is not valid");
     };
     let (prefix, templated) = t.prefix();

@@ -291,7 +291,7 @@ async fn can(sql: &Client, object: &str, privilege: &str) -> Result<bool, tokio_
 /// `require`, and not authenticated below `verify-full`: a man in the middle can downgrade
 /// `prefer` to cleartext.
 pub fn encryption(cfg: &Config) -> Option<CheckLine> {
-    use crate::relay::tls::SslMode;
+    use crate::model::tls::SslMode;
     let dsn: tokio_postgres::Config = cfg.source.dsn.parse().ok()?;
     let remote = dsn.get_hosts().iter().any(|h| match h {
         tokio_postgres::config::Host::Tcp(h) => {

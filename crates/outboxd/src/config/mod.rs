@@ -6,6 +6,7 @@
 
 pub(crate) mod alerts;
 pub(crate) mod cleanup;
+pub(crate) mod oidc;
 pub(crate) mod parked;
 pub(crate) mod policy;
 pub(crate) mod replay;
@@ -31,8 +32,8 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-impl From<crate::relay::route::SettingError> for ConfigError {
-    fn from(e: crate::relay::route::SettingError) -> Self {
+impl From<crate::model::route::SettingError> for ConfigError {
+    fn from(e: crate::model::route::SettingError) -> Self {
         Self::Invalid(e.0)
     }
 }
@@ -183,11 +184,11 @@ pub struct SourceConfig {
     #[serde(default = "d_status_ms", deserialize_with = "lenient")]
     pub status_interval_ms: u64,
     #[serde(default)]
-    pub columns: crate::relay::route::Columns,
+    pub columns: crate::model::columns::Columns,
     /// TLS to Postgres (libpq's meanings): disable | prefer | require | verify-ca | verify-full.
     /// Unset: the DSN's `sslmode`, else `prefer`.
     #[serde(default)]
-    pub sslmode: Option<crate::relay::tls::SslMode>,
+    pub sslmode: Option<crate::model::tls::SslMode>,
     /// CA certificates (PEM) that must sign the server's certificate (verify-ca/verify-full);
     /// unset: the Mozilla roots.
     #[serde(default)]
@@ -222,8 +223,8 @@ pub struct SourceConfig {
 /// `source.on_slot_loss`.
 impl SourceConfig {
     /// The TLS settings, for the SQL connection and the stream alike.
-    pub fn tls(&self) -> crate::relay::tls::TlsSettings<'_> {
-        crate::relay::tls::TlsSettings {
+    pub fn tls(&self) -> crate::model::tls::TlsSettings<'_> {
+        crate::model::tls::TlsSettings {
             sslmode: self.sslmode,
             sslrootcert: self.sslrootcert.as_deref(),
             sslcert: self.sslcert.as_deref(),
@@ -779,7 +780,7 @@ mod fuzz;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::route::{Columns, Preset};
+    use crate::model::columns::{Columns, Preset};
 
     const BASE: &str = r#"
 [source]
@@ -1017,7 +1018,7 @@ dsn = "postgres://u@127.0.0.1:5432/app"
 #[cfg(test)]
 mod table_tests {
     use super::*;
-    use crate::relay::route::Preset;
+    use crate::model::columns::Preset;
 
     const BASE: &str = "[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n\
                         [source]\ndsn = \"postgres://u@h/db\"\n";

@@ -81,7 +81,7 @@ impl Config {
             }
             if let Some(topic) = &t.topic {
                 let probe = super::tables::topic_for(topic, "s", "t");
-                crate::relay::route::TopicTemplate::parse(&probe).map_err(|e| {
+                crate::model::topic::TopicTemplate::parse(&probe).map_err(|e| {
                     invalid(format!(
                         "source.tables[{i}] ({what}): topic: {} ({{schema}} and {{table}} are \
                          the table's names)",
@@ -218,14 +218,14 @@ impl Config {
             )));
         }
         s.columns.resolve()?;
-        crate::relay::tls::validate(s.tls()).map_err(invalid)?;
-        crate::relay::route::TopicTemplate::parse(&self.sink.topic)?;
+        crate::model::tls::validate(s.tls()).map_err(invalid)?;
+        crate::model::topic::TopicTemplate::parse(&self.sink.topic)?;
         if !self.sink.kafka.contains_key("bootstrap.servers") {
             return Err(invalid(
                 "sink.kafka.\"bootstrap.servers\" is required (or env OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS)",
             ));
         }
-        crate::relay::kafka::oidc::OidcConfig::from_kafka(&self.sink.kafka).map_err(invalid)?;
+        super::oidc::OidcConfig::from_kafka(&self.sink.kafka).map_err(invalid)?;
         // The delivery guarantee, under every name librdkafka accepts for it (`acks` has the
         // alias `request.required.acks`): only the safe values, whatever the spelling.
         for (k, safe) in [

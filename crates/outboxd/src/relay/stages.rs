@@ -398,7 +398,11 @@ impl Stages {
             }
         }
         let route = self.outboxes.get(table);
-        if let Err(e) = route.topic.render(&event, &mut self.topic_buf) {
+        if let Err(e) =
+            route
+                .topic
+                .render(event.aggregate_type, event.event_type, &mut self.topic_buf)
+        {
             // `{event_type}` in sink.topic and a NULL event type: no topic to send it to.
             let rec = self.record_of(table, &event);
             return self.park(rec, e.class(), &e.to_string()).await;
@@ -468,7 +472,7 @@ impl Stages {
             .outboxes
             .get(table)
             .topic
-            .render(e, &mut self.topic_buf)
+            .render(e.aggregate_type, e.event_type, &mut self.topic_buf)
             .is_ok();
         e.parked_record(routed.then_some(self.topic_buf.as_str()))
     }

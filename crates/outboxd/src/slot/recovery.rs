@@ -29,8 +29,8 @@
 use crate::config::tables::OutboxTable;
 use crate::config::{Config, SlotLossPolicy};
 use crate::error::RelayError;
+use crate::model::columns::ColumnNames;
 use crate::relay::kafka::{Ack, Producer};
-use crate::relay::route::ColumnNames;
 use crate::relay::slot_host::SlotHost;
 use crate::relay::source::{self, quote_ident};
 use crate::relay::stages::Stages;
