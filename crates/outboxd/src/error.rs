@@ -6,8 +6,7 @@
 
 use crate::config::ConfigError;
 use crate::model::route::RouteError;
-use crate::relay::ack::ProtocolError;
-use crate::relay::pgoutput::DecodeError;
+use crate::model::stream::{DecodeError, ProtocolError};
 use thiserror::Error;
 
 #[derive(Debug, Error)]

@@ -51,7 +51,8 @@
 //!   crash-window tests).
 //! - `model/`: the shared vocabulary — `columns` (which column holds which event field, presets,
 //!   `additional` placements), `topic` (the topic template), `route` (`SettingError`,
-//!   `RouteError`, the reserved header names), `tls` (`[source]`'s TLS settings and their checks).
+//!   `RouteError`, the reserved header names), `tls` (`[source]`'s TLS settings and their checks),
+//!   `stream` (`DecodeError`, `ProtocolError`: what can be wrong with the replication stream).
 //!
 //! # Floors
 //! Imports point down: a module imports its own floor's modules or the floors below, never one
@@ -63,11 +64,11 @@
 //!    `obs/`, `schema`.
 //! 3. [`config`] (every section's type: `config/alerts` for `outboxd alerts`, `config/policy` for
 //!    the poison policy, `config/oidc` for `[sink.kafka]`'s OIDC settings), [`error`] (which
-//!    wraps `ConfigError`), `fail`.
+//!    wraps `ConfigError` and the ground floor's errors; it imports no stage), `fail`.
 //! 4. `model/` — the ground floor: imports nothing of the crate.
 //!
 //! Still pointing up (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them):
-//! `error` → `relay`; `obs` → `relay`; and the stages `relay` ↔ `slot`, `poison`, `shadow`.
+//! `obs` → `relay`; and the stages `relay` ↔ `slot`, `poison`, `shadow`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in

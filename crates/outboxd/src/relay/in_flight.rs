@@ -6,9 +6,10 @@
 //! transactions complete. Everything is released in sequence order as the acknowledged prefix
 //! grows, so memory follows the in-flight window, not the stream.
 
+use crate::model::stream::ProtocolError;
 use crate::obs;
 use crate::obs::labels::Labels;
-use crate::relay::ack::{AckTracker, ProtocolError, Seq};
+use crate::relay::ack::{AckTracker, Seq};
 use metrics::{Counter, Histogram};
 use std::collections::{HashMap, VecDeque};
 
