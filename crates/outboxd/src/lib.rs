@@ -39,7 +39,8 @@
 //!   `progress`.
 //! - `obs/`: metric names ([`obs`]) and health, `http` (the HTTP listener, bounded), `watch`
 //!   (heartbeats, stalls, slot health, per-type ages), `errors` (error counts), `status_row`
-//!   (all `outboxd_status` SQL).
+//!   (all `outboxd_status` SQL), `view` (the traits through which the relay hands them the slot's
+//!   server and the in-flight events: `SlotServer`, `Pending`).
 //! - `cleanup/`: deleting delivered outbox rows (R34) in batches behind every slot's delivery
 //!   mark and the recovery window; `partitions`: dropping whole partitions of a partitioned outbox.
 //! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy
@@ -52,7 +53,8 @@
 //! - `model/`: the shared vocabulary — `columns` (which column holds which event field, presets,
 //!   `additional` placements), `topic` (the topic template), `route` (`SettingError`,
 //!   `RouteError`, the reserved header names), `tls` (`[source]`'s TLS settings and their checks),
-//!   `stream` (`DecodeError`, `ProtocolError`: what can be wrong with the replication stream).
+//!   `stream` (`DecodeError`, `ProtocolError`: what can be wrong with the replication stream),
+//!   `lsn` (`fmt_lsn`).
 //!
 //! # Floors
 //! Imports point down: a module imports its own floor's modules or the floors below, never one
@@ -67,8 +69,10 @@
 //!    wraps `ConfigError` and the ground floor's errors; it imports no stage), `fail`.
 //! 4. `model/` — the ground floor: imports nothing of the crate.
 //!
-//! Still pointing up (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them):
-//! `obs` → `relay`; and the stages `relay` ↔ `slot`, `poison`, `shadow`.
+//! `obs/` imports no other stage but `schema`: the relay hands it what it reads (`obs::view`).
+//!
+//! Still two-way (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them): the stages
+//! `relay` ↔ `slot`, `relay` ↔ `poison`, `relay` ↔ `shadow`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in

@@ -124,7 +124,7 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     done.push(format!(
         "slot {} present (confirmed_flush_lsn {}){}",
         cfg.source.slot,
-        source::fmt_lsn(slot.confirmed_flush),
+        crate::model::lsn::fmt_lsn(slot.confirmed_flush),
         if host.is_separate() {
             " on the server of source.replication_dsn"
         } else {
@@ -326,7 +326,7 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
                             None => format!(
                                 "{} exists, confirmed_flush_lsn {}",
                                 cfg.source.slot,
-                                source::fmt_lsn(slot.confirmed_flush)
+                                crate::model::lsn::fmt_lsn(slot.confirmed_flush)
                             ),
                         },
                     ));

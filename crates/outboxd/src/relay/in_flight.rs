@@ -241,6 +241,22 @@ impl InFlight {
     }
 }
 
+/// What the watch reads of the in-flight events (`crate::obs::view`).
+impl obs::view::Pending for InFlight {
+    fn confirmed(&self) -> u64 {
+        InFlight::confirmed(self)
+    }
+    fn events(&self) -> usize {
+        InFlight::events(self)
+    }
+    fn bytes(&self) -> usize {
+        InFlight::bytes(self)
+    }
+    fn oldest_pending(&self) -> HashMap<String, i64> {
+        InFlight::oldest_pending(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

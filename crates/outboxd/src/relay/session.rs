@@ -11,7 +11,7 @@ use crate::fail;
 use crate::obs::Observed;
 use crate::relay::gulp::Gulp;
 use crate::relay::kafka::Producer;
-use crate::relay::source::{self, fmt_lsn, sql_bounded};
+use crate::relay::source::{self, sql_bounded};
 use crate::relay::stages::Stages;
 use crate::slot::fence::Holder;
 use crate::slot::guard::{self as slot_guard, Decision};
@@ -112,7 +112,7 @@ pub async fn run_session_as(
         Decision::Create | Decision::Adopt { .. } => {
             let start = match decision {
                 Decision::Adopt { start } => {
-                    tracing::info!(slot = %cfg.source.slot, lsn = %fmt_lsn(start), "recording delivery state for an existing slot");
+                    tracing::info!(slot = %cfg.source.slot, lsn = %crate::model::lsn::fmt_lsn(start), "recording delivery state for an existing slot");
                     start
                 }
                 _ if cfg.source.create_slot && mode == Mode::Stream => {
@@ -202,7 +202,7 @@ pub async fn run_session_as(
     tracing::info!(
         slot = %cfg.source.slot,
         publication = %cfg.source.publication,
-        resume_lsn = %fmt_lsn(start),
+        resume_lsn = %crate::model::lsn::fmt_lsn(start),
         role = "active",
         "streaming"
     );
@@ -388,7 +388,7 @@ pub async fn run_session_as(
     drop(holder);
     health.streaming.store(false, Relaxed);
     tracing::info!(
-        confirmed_lsn = %fmt_lsn(c),
+        confirmed_lsn = %crate::model::lsn::fmt_lsn(c),
         in_flight = st.in_flight().events(),
         ignored_changes = st.ignored(),
         read_pauses,
