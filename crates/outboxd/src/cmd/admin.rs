@@ -1,6 +1,7 @@
 //! `outboxd init` (create what is missing, idempotently) and `outboxd check` (report every
 //! problem with its fix, exit non-zero on any).
 
+use super::check_line::{line, CheckLine};
 use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
@@ -246,40 +247,6 @@ async fn init_table(
         done.push(format!("publication {} present", cfg.source.publication));
     }
     Ok(())
-}
-
-/// One line of `outboxd check` output.
-#[derive(Debug)]
-pub struct CheckLine {
-    pub ok: bool,
-    /// Works, but more exposed than it needs to be (printed as WARN; check still passes).
-    pub warn: bool,
-    pub what: String,
-    pub detail: String,
-}
-
-impl CheckLine {
-    pub fn ok(what: &str, detail: impl Into<String>) -> Self {
-        line(true, what, detail)
-    }
-    pub fn fail(what: &str, detail: impl Into<String>) -> Self {
-        line(false, what, detail)
-    }
-    pub fn warn(what: &str, detail: impl Into<String>) -> Self {
-        Self {
-            warn: true,
-            ..line(true, what, detail)
-        }
-    }
-}
-
-fn line(ok: bool, what: &str, detail: impl Into<String>) -> CheckLine {
-    CheckLine {
-        ok,
-        warn: false,
-        what: what.into(),
-        detail: detail.into(),
-    }
 }
 
 /// Runs every check it can; a failed connection skips the checks that need it.

@@ -5,7 +5,7 @@
 //! The set mirrors `sql/roles.sql`'s relay role: REPLICATION; SELECT on the outbox table (slot
 //! loss recovery reads it); its own tables in `source.relay_schema`; nothing else.
 
-use super::admin::CheckLine;
+use super::check_line::CheckLine;
 use crate::config::Config;
 use crate::relay::source::quote_ident;
 use tokio_postgres::Client;
