@@ -44,7 +44,8 @@
 //! - `cleanup/`: deleting delivered outbox rows (R34) in batches behind every slot's delivery
 //!   mark and the recovery window; `partitions`: dropping whole partitions of a partitioned outbox.
 //! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy
-//!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records.
+//!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records
+//!   through `relay/tap` (the `Tap` it creates; shadow imports the relay, never the reverse).
 //! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
 //!   `alerts`, `parked`, `recover`, `replay`); `check_line`: one line of `outboxd check`, which
 //!   `admin`, `check_jobs`, `privileges` and `parked` produce (none imports another for it).
@@ -55,7 +56,7 @@
 //!   `additional` placements), `topic` (the topic template), `route` (`SettingError`,
 //!   `RouteError`, the reserved header names), `tls` (`[source]`'s TLS settings and their checks),
 //!   `stream` (`DecodeError`, `ProtocolError`: what can be wrong with the replication stream),
-//!   `lsn` (`fmt_lsn`).
+//!   `lsn` (`fmt_lsn`), `record` (`Rec`: a built record as plain data, for shadow's comparator).
 //!
 //! # Floors
 //! Imports point down: a module imports its own floor's modules or the floors below, never one
@@ -73,7 +74,7 @@
 //! `obs/` imports no other stage but `schema`: the relay hands it what it reads (`obs::view`).
 //!
 //! Still two-way (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them): the stages
-//! `relay` ↔ `slot`, `relay` ↔ `poison`, `relay` ↔ `shadow`.
+//! `relay` ↔ `slot`, `relay` ↔ `poison`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in

@@ -46,7 +46,7 @@ pub async fn run_session(
     cfg: &Config,
     shutdown: &mut watch::Receiver<bool>,
     observed: &Arc<Observed>,
-    shadow: Option<&crate::shadow::Tap>,
+    shadow: Option<&crate::relay::tap::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     run_session_as(cfg, shutdown, Mode::Stream, observed, shadow).await
 }
@@ -57,7 +57,7 @@ pub async fn run_session_as(
     shutdown: &mut watch::Receiver<bool>,
     mode: Mode,
     observed: &Arc<Observed>,
-    shadow: Option<&crate::shadow::Tap>,
+    shadow: Option<&crate::relay::tap::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     let sql = source::sql_connect(cfg).await?;
     // The tables the patterns match now join this session's list (crate::slot::join).
