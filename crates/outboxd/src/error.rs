@@ -5,9 +5,8 @@
 //! retrying and stop the process with a message that names the fix.
 
 use crate::config::ConfigError;
-use crate::relay::ack::ProtocolError;
-use crate::relay::pgoutput::DecodeError;
-use crate::relay::route::RouteError;
+use crate::model::route::RouteError;
+use crate::model::stream::{DecodeError, ProtocolError};
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -205,14 +204,14 @@ pub struct Policy {
     pub fix: &'static str,
 }
 
-impl From<crate::relay::tls::TlsError> for RelayError {
-    fn from(e: crate::relay::tls::TlsError) -> Self {
+impl From<crate::model::tls::TlsError> for RelayError {
+    fn from(e: crate::model::tls::TlsError) -> Self {
         Self::Setup(e.0)
     }
 }
 
-impl From<crate::relay::route::SettingError> for RelayError {
-    fn from(e: crate::relay::route::SettingError) -> Self {
+impl From<crate::model::route::SettingError> for RelayError {
+    fn from(e: crate::model::route::SettingError) -> Self {
         Self::Config(e.into())
     }
 }

@@ -26,7 +26,7 @@
 //!     synthetic pgoutput messages (byte-identical records): slot-loss recovery and replay.
 //! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
 //!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
-//! - `poison/`: events retrying cannot fix — `policy` (classes, per-type policy), `validate`
+//! - `poison/`: events retrying cannot fix — `policy` (the failure classes), `validate`
 //!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair;
 //!   `store/bulk`: repairs of a selection), `handler` (what a session does with one: park or
 //!   halt, hold, release in order), `integrity` (the HMAC tag only the relay's key makes),
@@ -39,14 +39,42 @@
 //!   `progress`.
 //! - `obs/`: metric names ([`obs`]) and health, `http` (the HTTP listener, bounded), `watch`
 //!   (heartbeats, stalls, slot health, per-type ages), `errors` (error counts), `status_row`
-//!   (all `outboxd_status` SQL).
+//!   (all `outboxd_status` SQL), `view` (the traits through which the relay hands them the slot's
+//!   server and the in-flight events: `SlotServer`, `Pending`).
 //! - `cleanup/`: deleting delivered outbox rows (R34) in batches behind every slot's delivery
 //!   mark and the recovery window; `partitions`: dropping whole partitions of a partitioned outbox.
 //! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy
-//!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records.
+//!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records
+//!   through `relay/tap` (the `Tap` it creates; shadow imports the relay, never the reverse).
 //! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
-//!   `alerts`, `parked`, `recover`, `replay`).
-//! - [`config`] (+ `secrets`), [`error`], `fail` (crash hooks for the crash-window tests).
+//!   `alerts`, `parked`, `recover`, `replay`); `check_line`: one line of `outboxd check`, which
+//!   `admin`, `check_jobs`, `privileges` and `parked` produce (none imports another for it).
+//! - [`config`] (+ `secrets`; one file per section: `alerts`, `cleanup`, `oidc`, `parked`,
+//!   `policy`, `replay`, `shadow`, `tables`, `validate`), [`error`], `fail` (crash hooks for the
+//!   crash-window tests).
+//! - `model/`: the shared vocabulary — `columns` (which column holds which event field, presets,
+//!   `additional` placements), `topic` (the topic template), `route` (`SettingError`,
+//!   `RouteError`, the reserved header names), `tls` (`[source]`'s TLS settings and their checks),
+//!   `stream` (`DecodeError`, `ProtocolError`: what can be wrong with the replication stream),
+//!   `lsn` (`fmt_lsn`), `record` (`Rec`: a built record as plain data, for shadow's comparator).
+//!
+//! # Floors
+//! Imports point down: a module imports its own floor's modules or the floors below, never one
+//! above (checked by `tests/tests/house.rs`). Where a lower module must call back up, it is handed
+//! a small trait or a value.
+//!
+//! 1. `cmd/` — the command line: reads every floor below, nothing imports it.
+//! 2. the stages — `supervisor`, `relay/`, `slot/`, `poison/`, `replay/`, `cleanup/`, `shadow/`,
+//!    `obs/`, `schema`.
+//! 3. [`config`] (every section's type: `config/alerts` for `outboxd alerts`, `config/policy` for
+//!    the poison policy, `config/oidc` for `[sink.kafka]`'s OIDC settings), [`error`] (which
+//!    wraps `ConfigError` and the ground floor's errors; it imports no stage), `fail`.
+//! 4. `model/` — the ground floor: imports nothing of the crate.
+//!
+//! `obs/` imports no other stage but `schema`: the relay hands it what it reads (`obs::view`).
+//!
+//! Still two-way (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them): the stages
+//! `relay` ↔ `slot`, `relay` ↔ `poison`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in
@@ -58,6 +86,7 @@ pub mod cmd;
 pub mod config;
 pub mod error;
 pub(crate) mod fail;
+pub(crate) mod model;
 pub mod obs;
 pub(crate) mod poison;
 pub(crate) mod relay;

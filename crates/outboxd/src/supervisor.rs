@@ -33,7 +33,7 @@ pub async fn run_observed(
     let mut fence = crate::slot::fence::Fence::new(&cfg);
     // `cleanup.every`: beside the sessions, ended with them (aborted on drop).
     let _cleanup = crate::cleanup::spawn(&cfg, shutdown.clone()).map(AbortOnDrop);
-    let mut shadow: Option<(crate::shadow::Tap, AbortOnDrop)> = None;
+    let mut shadow: Option<(crate::relay::tap::Tap, AbortOnDrop)> = None;
     loop {
         if *shutdown.borrow() {
             return Ok(());

@@ -1,11 +1,12 @@
 //! `outboxd init` (create what is missing, idempotently) and `outboxd check` (report every
 //! problem with its fix, exit non-zero on any).
 
+use super::check_line::{line, CheckLine};
 use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::model::columns::Preset;
 use crate::relay::kafka::Producer;
-use crate::relay::route::Preset;
 use crate::relay::source::{self, quote_ident};
 use std::time::Duration;
 
@@ -124,7 +125,7 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     done.push(format!(
         "slot {} present (confirmed_flush_lsn {}){}",
         cfg.source.slot,
-        source::fmt_lsn(slot.confirmed_flush),
+        crate::model::lsn::fmt_lsn(slot.confirmed_flush),
         if host.is_separate() {
             " on the server of source.replication_dsn"
         } else {
@@ -248,40 +249,6 @@ async fn init_table(
     Ok(())
 }
 
-/// One line of `outboxd check` output.
-#[derive(Debug)]
-pub struct CheckLine {
-    pub ok: bool,
-    /// Works, but more exposed than it needs to be (printed as WARN; check still passes).
-    pub warn: bool,
-    pub what: String,
-    pub detail: String,
-}
-
-impl CheckLine {
-    pub fn ok(what: &str, detail: impl Into<String>) -> Self {
-        line(true, what, detail)
-    }
-    pub fn fail(what: &str, detail: impl Into<String>) -> Self {
-        line(false, what, detail)
-    }
-    pub fn warn(what: &str, detail: impl Into<String>) -> Self {
-        Self {
-            warn: true,
-            ..line(true, what, detail)
-        }
-    }
-}
-
-fn line(ok: bool, what: &str, detail: impl Into<String>) -> CheckLine {
-    CheckLine {
-        ok,
-        warn: false,
-        what: what.into(),
-        detail: detail.into(),
-    }
-}
-
 /// Runs every check it can; a failed connection skips the checks that need it.
 pub async fn check(cfg: &Config) -> Vec<CheckLine> {
     let mut out = vec![line(true, "config", "parsed and valid")];
@@ -326,7 +293,7 @@ pub async fn check(cfg: &Config) -> Vec<CheckLine> {
                             None => format!(
                                 "{} exists, confirmed_flush_lsn {}",
                                 cfg.source.slot,
-                                source::fmt_lsn(slot.confirmed_flush)
+                                crate::model::lsn::fmt_lsn(slot.confirmed_flush)
                             ),
                         },
                     ));
@@ -667,7 +634,7 @@ fn topics_line(cfg: &Config, table: &OutboxTable, topics: &[String]) -> CheckLin
         "topics".to_string()
     };
     let what = what.as_str();
-    let Ok(t) = crate::relay::route::TopicTemplate::parse(&table.topic) else {
+    let Ok(t) = crate::model::topic::TopicTemplate::parse(&table.topic) else {
         return line(false, what, "the topic template is not valid");
     };
     let (prefix, templated) = t.prefix();

@@ -5,7 +5,7 @@
 //! `[[source.tables]]` (how partitioned tables are published, delete-after-insert tables a late
 //! join could not republish).
 
-use super::admin::CheckLine;
+use super::check_line::CheckLine;
 use crate::config::Config;
 use crate::relay::source::quote_ident;
 

@@ -3,6 +3,7 @@
 pub(crate) mod admin;
 pub(crate) mod alerts;
 pub(crate) mod check_jobs;
+pub(crate) mod check_line;
 pub(crate) mod manual;
 pub(crate) mod parked;
 pub(crate) mod privileges;

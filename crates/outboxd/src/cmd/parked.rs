@@ -435,8 +435,8 @@ async fn show(
 /// a held event is released only when its outbox row vouches for it, so a delete-after-insert
 /// table needs one operator retry per held event, and rows forged with the relay's database
 /// credential are caught only where an outbox row contradicts them.
-pub fn integrity_line(cfg: &crate::Config) -> super::admin::CheckLine {
-    use super::admin::CheckLine;
+pub fn integrity_line(cfg: &crate::Config) -> super::check_line::CheckLine {
+    use super::check_line::CheckLine;
     let p = &cfg.parked;
     match (&p.key, &p.previous_key, p.accept_untagged) {
         (None, ..) => CheckLine::warn(

@@ -5,7 +5,7 @@
 //! The set mirrors `sql/roles.sql`'s relay role: REPLICATION; SELECT on the outbox table (slot
 //! loss recovery reads it); its own tables in `source.relay_schema`; nothing else.
 
-use super::admin::CheckLine;
+use super::check_line::CheckLine;
 use crate::config::Config;
 use crate::relay::source::quote_ident;
 use tokio_postgres::Client;
@@ -291,7 +291,7 @@ async fn can(sql: &Client, object: &str, privilege: &str) -> Result<bool, tokio_
 /// `require`, and not authenticated below `verify-full`: a man in the middle can downgrade
 /// `prefer` to cleartext.
 pub fn encryption(cfg: &Config) -> Option<CheckLine> {
-    use crate::relay::tls::SslMode;
+    use crate::model::tls::SslMode;
     let dsn: tokio_postgres::Config = cfg.source.dsn.parse().ok()?;
     let remote = dsn.get_hosts().iter().any(|h| match h {
         tokio_postgres::config::Host::Tcp(h) => {

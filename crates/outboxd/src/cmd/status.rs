@@ -189,7 +189,7 @@ async fn delivery_state(
         "verdict": verdict,
         "system_identifier": st.identity.system_id,
         "timeline": st.identity.timeline,
-        "acked_lsn": source::fmt_lsn(st.acked_lsn),
+        "acked_lsn": crate::model::lsn::fmt_lsn(st.acked_lsn),
         "delivery_mark": st.delivery_mark.map(|t| t.to_rfc3339()),
         "delivered_xid": st.delivered_xid,
         "recovering_since": st.recovering_since.map(|t| t.to_rfc3339()),

@@ -4,8 +4,11 @@
 //! `[sink.kafka]` is passed verbatim to librdkafka; its env form maps `_` to `.`
 //! (`OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS` → `bootstrap.servers`).
 
+pub(crate) mod alerts;
 pub(crate) mod cleanup;
+pub(crate) mod oidc;
 pub(crate) mod parked;
+pub(crate) mod policy;
 pub(crate) mod replay;
 pub(crate) mod secrets;
 pub(crate) mod shadow;
@@ -29,8 +32,8 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-impl From<crate::relay::route::SettingError> for ConfigError {
-    fn from(e: crate::relay::route::SettingError) -> Self {
+impl From<crate::model::route::SettingError> for ConfigError {
+    fn from(e: crate::model::route::SettingError) -> Self {
         Self::Invalid(e.0)
     }
 }
@@ -76,13 +79,13 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Poison-event policy: `ordering` and `on_poison`, per event type.
     #[serde(default)]
-    pub policy: crate::poison::policy::PolicyConfig,
+    pub policy: policy::PolicyConfig,
     #[serde(default)]
     pub validation: ValidationConfig,
     #[serde(default)]
     pub heartbeat: HeartbeatConfig,
     #[serde(default)]
-    pub alerts: crate::cmd::alerts::AlertsConfig,
+    pub alerts: alerts::AlertsConfig,
     /// Deleting delivered outbox rows (`outboxd cleanup`, or a loop in `run`).
     #[serde(default)]
     pub cleanup: cleanup::CleanupConfig,
@@ -181,11 +184,11 @@ pub struct SourceConfig {
     #[serde(default = "d_status_ms", deserialize_with = "lenient")]
     pub status_interval_ms: u64,
     #[serde(default)]
-    pub columns: crate::relay::route::Columns,
+    pub columns: crate::model::columns::Columns,
     /// TLS to Postgres (libpq's meanings): disable | prefer | require | verify-ca | verify-full.
     /// Unset: the DSN's `sslmode`, else `prefer`.
     #[serde(default)]
-    pub sslmode: Option<crate::relay::tls::SslMode>,
+    pub sslmode: Option<crate::model::tls::SslMode>,
     /// CA certificates (PEM) that must sign the server's certificate (verify-ca/verify-full);
     /// unset: the Mozilla roots.
     #[serde(default)]
@@ -220,8 +223,8 @@ pub struct SourceConfig {
 /// `source.on_slot_loss`.
 impl SourceConfig {
     /// The TLS settings, for the SQL connection and the stream alike.
-    pub fn tls(&self) -> crate::relay::tls::TlsSettings<'_> {
-        crate::relay::tls::TlsSettings {
+    pub fn tls(&self) -> crate::model::tls::TlsSettings<'_> {
+        crate::model::tls::TlsSettings {
             sslmode: self.sslmode,
             sslrootcert: self.sslrootcert.as_deref(),
             sslcert: self.sslcert.as_deref(),
@@ -777,7 +780,7 @@ mod fuzz;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::route::{Columns, Preset};
+    use crate::model::columns::{Columns, Preset};
 
     const BASE: &str = r#"
 [source]
@@ -957,7 +960,7 @@ dsn = "postgres://u@127.0.0.1:5432/app"
         assert_eq!(c.relay.max_in_flight_events, 7);
         assert_eq!(c.source.columns.preset, Preset::Debezium);
         assert_eq!(c.heartbeat.interval_ms, 0);
-        assert_eq!(c.policy.on_poison, crate::poison::policy::OnPoison::Halt);
+        assert_eq!(c.policy.on_poison, crate::config::policy::OnPoison::Halt);
     }
 
     #[test]
@@ -1015,7 +1018,7 @@ dsn = "postgres://u@127.0.0.1:5432/app"
 #[cfg(test)]
 mod table_tests {
     use super::*;
-    use crate::relay::route::Preset;
+    use crate::model::columns::Preset;
 
     const BASE: &str = "[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n\
                         [source]\ndsn = \"postgres://u@h/db\"\n";
@@ -1106,7 +1109,7 @@ columns = { preset = "debezium" }
 #[cfg(test)]
 mod table_policy_tests {
     use super::*;
-    use crate::poison::policy::{OnPoison, Ordering};
+    use crate::config::policy::{OnPoison, Ordering};
 
     fn load(extra: &str) -> Result<Config, ConfigError> {
         Config::from_toml_and_env(

@@ -7,8 +7,8 @@
 //! A leaf module: the resolved [`OutboxTable`] is what the relay's stages, `init` and `check`
 //! share, so none of them reaches into the configuration's raw fields.
 
-use crate::poison::policy::{PolicyConfig, PolicyOverride};
-use crate::relay::route::Columns;
+use super::policy::{PolicyConfig, PolicyOverride};
+use crate::model::columns::Columns;
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -102,7 +102,7 @@ impl OutboxTable {
 
 /// The topic template of a table: `{schema}` and `{table}` of an entry's own `topic` (a
 /// pattern's tables differ by them) become the table's names; everything else is left to
-/// [`crate::relay::route::TopicTemplate`].
+/// [`crate::model::topic::TopicTemplate`].
 pub fn topic_for(template: &str, schema: &str, table: &str) -> String {
     template
         .replace("{schema}", schema)

@@ -10,6 +10,9 @@ use std::time::Duration;
 const MAX_INTERVAL_MS: u64 = 366 * 86_400 * 1000;
 /// Longest `relay.read_linger_ms`: the pause blocks the relay's thread (shutdown, metrics).
 const MAX_READ_LINGER_MS: u64 = 100;
+/// The smallest `relay.takeover_after_ms` other than 0: two missed beats (the holder beats
+/// every second, `slot::fence::BEAT_EVERY`).
+const MIN_TAKEOVER_MS: u64 = 2_000;
 /// Most `[[source.tables]]` entries: each is a value of the `table` metric label, which must
 /// stay bounded.
 const MAX_TABLES: usize = 256;
@@ -78,7 +81,7 @@ impl Config {
             }
             if let Some(topic) = &t.topic {
                 let probe = super::tables::topic_for(topic, "s", "t");
-                crate::relay::route::TopicTemplate::parse(&probe).map_err(|e| {
+                crate::model::topic::TopicTemplate::parse(&probe).map_err(|e| {
                     invalid(format!(
                         "source.tables[{i}] ({what}): topic: {} ({{schema}} and {{table}} are \
                          the table's names)",
@@ -215,14 +218,14 @@ impl Config {
             )));
         }
         s.columns.resolve()?;
-        crate::relay::tls::validate(s.tls()).map_err(invalid)?;
-        crate::relay::route::TopicTemplate::parse(&self.sink.topic)?;
+        crate::model::tls::validate(s.tls()).map_err(invalid)?;
+        crate::model::topic::TopicTemplate::parse(&self.sink.topic)?;
         if !self.sink.kafka.contains_key("bootstrap.servers") {
             return Err(invalid(
                 "sink.kafka.\"bootstrap.servers\" is required (or env OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS)",
             ));
         }
-        crate::relay::kafka::oidc::OidcConfig::from_kafka(&self.sink.kafka).map_err(invalid)?;
+        super::oidc::OidcConfig::from_kafka(&self.sink.kafka).map_err(invalid)?;
         // The delivery guarantee, under every name librdkafka accepts for it (`acks` has the
         // alias `request.required.acks`): only the safe values, whatever the spelling.
         for (k, safe) in [
@@ -269,12 +272,12 @@ impl Config {
             ));
         }
         let takeover = self.relay.takeover_after_ms;
-        if takeover > 0 && takeover < crate::slot::fence::MIN_TAKEOVER_MS {
+        if takeover > 0 && takeover < MIN_TAKEOVER_MS {
             return Err(invalid(format!(
                 "relay.takeover_after_ms = {takeover} would fence a healthy relay that missed a \
                  beat or two: use 0 (never fence) or at least {} (the liveness signal is written \
                  every second)",
-                crate::slot::fence::MIN_TAKEOVER_MS
+                MIN_TAKEOVER_MS
             )));
         }
         if let Some(ms) = self

@@ -9,6 +9,7 @@ pub(crate) mod errors;
 mod http;
 pub(crate) mod labels;
 pub(crate) mod status_row;
+pub(crate) mod view;
 pub(crate) mod watch;
 
 pub use http::serve;

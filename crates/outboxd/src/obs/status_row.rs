@@ -4,7 +4,7 @@
 //! reads back. All of its SQL lives here.
 
 use crate::error::RelayError;
-use crate::relay::slot_host::SlotHost;
+use crate::obs::view::SlotServer;
 use serde_json::{json, Value};
 use tokio_postgres::Client;
 
@@ -41,7 +41,7 @@ pub async fn ensure_table(sql: &Client) -> Result<(), RelayError> {
 /// look alive. `false`: the slot is no longer ours.
 pub async fn beat(
     sql: &Client,
-    host: &SlotHost,
+    host: &dyn SlotServer,
     slot: &str,
     instance: &str,
     walsender: i32,
@@ -86,7 +86,7 @@ pub struct Liveness {
 /// two reads: the slot there, the beat on the primary (its clock, as the beats').
 pub async fn liveness(
     sql: &Client,
-    host: &SlotHost,
+    host: &dyn SlotServer,
     slot: &str,
 ) -> Result<Option<Liveness>, RelayError> {
     if host.is_separate() {
@@ -143,7 +143,7 @@ pub async fn liveness(
 /// its position are checked and the walsender killed in one statement on the standby.
 pub async fn terminate_silent_holder(
     sql: &Client,
-    host: &SlotHost,
+    host: &dyn SlotServer,
     slot: &str,
     pid: i32,
     silent_s: f64,

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::error::RelayError;
 use crate::obs;
 use crate::obs::now_us;
-use crate::relay::in_flight::InFlight;
+use crate::obs::view::{Pending, SlotServer};
 use metrics::{Counter, Gauge};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -175,8 +175,8 @@ pub struct View<'a> {
     /// The slot lives on a standby (`slot_sql` is another server than `sql`).
     pub separate: bool,
     /// Where the slot lives: a standby that stops following the primary ends the session.
-    pub host: &'a crate::relay::slot_host::SlotHost,
-    pub in_flight: &'a InFlight,
+    pub host: &'a dyn SlotServer,
+    pub in_flight: &'a dyn Pending,
     pub observed: &'a obs::Observed,
 }
 
@@ -386,7 +386,7 @@ impl Watch {
             &crate::obs::status_row::Report {
                 slot: v.slot,
                 instance: &instance,
-                confirmed_lsn: &crate::relay::lsn::fmt_lsn(v.in_flight.confirmed()),
+                confirmed_lsn: &crate::model::lsn::fmt_lsn(v.in_flight.confirmed()),
                 pending_events: v.in_flight.events() as i64,
                 pending_bytes: v.in_flight.bytes() as i64,
                 oldest_pending_age_s: self.oldest_age,

@@ -7,20 +7,21 @@
 //! (ordering is per aggregate within a table). A parked event that names no table (parked by
 //! a one-table relay) holds its aggregate in every table, since nothing says which it was.
 
+use crate::config::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
 use crate::config::tables::{stored_table, ParkedTable, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
+use crate::model::topic::TopicTemplate;
 use crate::obs::Observed;
 use crate::poison::bounds::Bounds;
 use crate::poison::integrity::Placement;
-use crate::poison::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
 use crate::poison::provenance::Provenance;
 use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
 use crate::poison::validate::Validator;
 use crate::poison::vet::Vetting;
 use crate::relay::kafka::{Producer, Verdict};
-use crate::relay::route::{release, TopicTemplate};
+use crate::relay::route::release;
 use crate::relay::source::sql_bounded;
 use std::sync::Arc;
 use tokio_postgres::Client;
@@ -43,7 +44,7 @@ struct ReleaseRoute {
     topic: TopicTemplate,
     /// The column mapping: released events carry header `id`, the placed columns' headers and
     /// NULL aggregate ids or event types like live ones.
-    names: crate::relay::route::ColumnNames,
+    names: crate::model::columns::ColumnNames,
     /// What a NULL payload becomes unless the policy says: the preset's choice.
     null_default: NullPayload,
     /// A release goes out only when the outbox row (or an operator's audit row) vouches for it.
@@ -61,8 +62,8 @@ impl ReleaseRoute {
             topic: TopicTemplate::parse(&t.topic)?,
             names: t.columns.resolve()?,
             null_default: match t.columns.preset {
-                crate::relay::route::Preset::Debezium => NullPayload::Tombstone,
-                crate::relay::route::Preset::Outboxd => NullPayload::Park,
+                crate::model::columns::Preset::Debezium => NullPayload::Tombstone,
+                crate::model::columns::Preset::Outboxd => NullPayload::Park,
             },
             provenance: Provenance::new(t, tagged)?,
             policy: t.policy.clone(),

@@ -18,7 +18,8 @@
 use super::store::Release;
 use crate::config::tables::{OutboxTable, SOURCE_TABLE_HEADER};
 use crate::error::RelayError;
-use crate::relay::route::{is_reserved_header, ColumnNames};
+use crate::model::columns::ColumnNames;
+use crate::model::route::is_reserved_header;
 use crate::relay::source::quote_ident;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -218,8 +219,8 @@ fn compare(names: &ColumnNames, tag: Option<&str>, r: &Release, cols: &[Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::columns::Columns;
     use crate::poison::record::ParkedRecord;
-    use crate::relay::route::Columns;
 
     fn release(retry: bool, corrected: bool) -> Release {
         let h = |k: &str, v: &str| (k.to_string(), Some(v.to_string()));

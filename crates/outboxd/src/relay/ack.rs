@@ -8,21 +8,8 @@
 //! Vector's ordered finalizer, except that a failure stops the advance for good: nothing past a
 //! failed event is ever confirmed (the session restarts from the slot instead).
 
+use crate::model::stream::ProtocolError;
 use std::collections::VecDeque;
-use thiserror::Error;
-
-/// The server broke the order of the replication protocol (a change or a Commit outside a
-/// transaction, a Begin inside one): a broken or hostile server. Definite: the same WAL replays
-/// the same order, and nothing in it can be positioned, so nothing past it may be confirmed.
-#[derive(Debug, Clone, Copy, Error, PartialEq, Eq)]
-pub enum ProtocolError {
-    #[error("an Insert arrived outside a transaction (no Begin before it)")]
-    InsertWithoutBegin,
-    #[error("a Commit arrived outside a transaction (no Begin before it)")]
-    CommitWithoutBegin,
-    #[error("a Begin arrived inside a transaction (no Commit before it)")]
-    BeginBeforeCommit,
-}
 
 /// Sequence number of an event within one replication session.
 pub type Seq = u64;

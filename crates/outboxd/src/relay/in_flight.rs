@@ -6,9 +6,10 @@
 //! transactions complete. Everything is released in sequence order as the acknowledged prefix
 //! grows, so memory follows the in-flight window, not the stream.
 
+use crate::model::stream::ProtocolError;
 use crate::obs;
 use crate::obs::labels::Labels;
-use crate::relay::ack::{AckTracker, ProtocolError, Seq};
+use crate::relay::ack::{AckTracker, Seq};
 use metrics::{Counter, Histogram};
 use std::collections::{HashMap, VecDeque};
 
@@ -237,6 +238,22 @@ impl InFlight {
             self.bytes -= n;
             self.sizes.pop_front();
         }
+    }
+}
+
+/// What the watch reads of the in-flight events (`crate::obs::view`).
+impl obs::view::Pending for InFlight {
+    fn confirmed(&self) -> u64 {
+        InFlight::confirmed(self)
+    }
+    fn events(&self) -> usize {
+        InFlight::events(self)
+    }
+    fn bytes(&self) -> usize {
+        InFlight::bytes(self)
+    }
+    fn oldest_pending(&self) -> HashMap<String, i64> {
+        InFlight::oldest_pending(self)
     }
 }
 

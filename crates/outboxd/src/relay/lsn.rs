@@ -1,4 +1,5 @@
-//! LSNs as Postgres writes them (`16/B374D848`), and its timestamps' epoch.
+//! LSNs as Postgres writes them (`16/B374D848`) read back, and its timestamps' epoch (writing
+//! one: `crate::model::lsn::fmt_lsn`).
 
 use crate::error::RelayError;
 
@@ -14,14 +15,10 @@ pub fn parse_lsn(s: &str) -> Result<u64, RelayError> {
     Ok((hi << 32) | lo)
 }
 
-/// Formats an LSN like Postgres does.
-pub fn fmt_lsn(l: u64) -> String {
-    format!("{:X}/{:X}", l >> 32, l & 0xffff_ffff)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::lsn::fmt_lsn;
 
     #[test]
     fn lsn_roundtrip() {

@@ -16,4 +16,5 @@ pub(crate) mod slot_host;
 pub(crate) mod source;
 pub(crate) mod stages;
 pub(crate) mod table_reader;
+pub(crate) mod tap;
 pub(crate) mod tls;

@@ -11,8 +11,10 @@
 use crate::config::tables::{OutboxTable, Pattern, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::model::columns::ColumnNames;
+use crate::model::topic::TopicTemplate;
 use crate::relay::pgoutput::Relation;
-use crate::relay::route::{ColumnNames, Event, RowMapping, TopicTemplate};
+use crate::relay::route::{Event, RowMapping};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

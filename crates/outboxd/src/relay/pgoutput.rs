@@ -5,25 +5,7 @@
 //! Decoding borrows from the message bytes: an Insert yields column slices into the buffer the
 //! replication client already owns, so the hot path allocates nothing per row.
 
-use thiserror::Error;
-
-/// A malformed or unsupported pgoutput message. Definite: retrying the same WAL yields the same
-/// bytes, so the relay stops instead of confirming past it.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum DecodeError {
-    #[error("pgoutput message truncated while reading {0}")]
-    Truncated(&'static str),
-    #[error("empty pgoutput message")]
-    Empty,
-    #[error("unexpected tuple marker {0:?} in {1} message")]
-    BadTupleMarker(char, &'static str),
-    #[error("unknown column kind {0:?} in tuple data")]
-    BadColumnKind(char),
-    #[error("binary column values are not supported (start replication without `binary`)")]
-    BinaryColumn,
-    #[error("non-UTF-8 name in relation message")]
-    BadName,
-}
+use crate::model::stream::DecodeError;
 
 /// One column of a Relation message.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use crate::fail;
 use crate::obs::Observed;
 use crate::relay::gulp::Gulp;
 use crate::relay::kafka::Producer;
-use crate::relay::source::{self, fmt_lsn, sql_bounded};
+use crate::relay::source::{self, sql_bounded};
 use crate::relay::stages::Stages;
 use crate::slot::fence::Holder;
 use crate::slot::guard::{self as slot_guard, Decision};
@@ -46,7 +46,7 @@ pub async fn run_session(
     cfg: &Config,
     shutdown: &mut watch::Receiver<bool>,
     observed: &Arc<Observed>,
-    shadow: Option<&crate::shadow::Tap>,
+    shadow: Option<&crate::relay::tap::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     run_session_as(cfg, shutdown, Mode::Stream, observed, shadow).await
 }
@@ -57,7 +57,7 @@ pub async fn run_session_as(
     shutdown: &mut watch::Receiver<bool>,
     mode: Mode,
     observed: &Arc<Observed>,
-    shadow: Option<&crate::shadow::Tap>,
+    shadow: Option<&crate::relay::tap::Tap>,
 ) -> Result<SessionEnd, RelayError> {
     let sql = source::sql_connect(cfg).await?;
     // The tables the patterns match now join this session's list (crate::slot::join).
@@ -112,7 +112,7 @@ pub async fn run_session_as(
         Decision::Create | Decision::Adopt { .. } => {
             let start = match decision {
                 Decision::Adopt { start } => {
-                    tracing::info!(slot = %cfg.source.slot, lsn = %fmt_lsn(start), "recording delivery state for an existing slot");
+                    tracing::info!(slot = %cfg.source.slot, lsn = %crate::model::lsn::fmt_lsn(start), "recording delivery state for an existing slot");
                     start
                 }
                 _ if cfg.source.create_slot && mode == Mode::Stream => {
@@ -202,7 +202,7 @@ pub async fn run_session_as(
     tracing::info!(
         slot = %cfg.source.slot,
         publication = %cfg.source.publication,
-        resume_lsn = %fmt_lsn(start),
+        resume_lsn = %crate::model::lsn::fmt_lsn(start),
         role = "active",
         "streaming"
     );
@@ -388,7 +388,7 @@ pub async fn run_session_as(
     drop(holder);
     health.streaming.store(false, Relaxed);
     tracing::info!(
-        confirmed_lsn = %fmt_lsn(c),
+        confirmed_lsn = %crate::model::lsn::fmt_lsn(c),
         in_flight = st.in_flight().events(),
         ignored_changes = st.ignored(),
         read_pauses,

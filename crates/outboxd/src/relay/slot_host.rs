@@ -26,6 +26,7 @@
 
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::obs::view::Answer;
 use tokio_postgres::Client;
 
 /// A connection to the server of the slot when it is not the primary's.
@@ -38,6 +39,25 @@ pub struct SlotHost {
     /// The timeline its WAL receiver received when connected (`None`: no receiver, or a role
     /// that may not see it): a change under a session means it follows another server now.
     receiver_tli: Option<i32>,
+}
+
+/// What the status row and the watch ask of the slot's server (`crate::obs::view`).
+impl crate::obs::view::SlotServer for SlotHost {
+    fn sql<'a>(&'a self, primary: &'a Client) -> &'a Client {
+        SlotHost::sql(self, primary)
+    }
+    fn is_separate(&self) -> bool {
+        SlotHost::is_separate(self)
+    }
+    fn holds<'a>(&'a self, primary: &'a Client, slot: &'a str, pid: i32) -> Answer<'a, bool> {
+        Box::pin(SlotHost::holds(self, primary, slot, pid))
+    }
+    fn holder_clause<'a>(&self, same_server: &'a str) -> &'a str {
+        SlotHost::holder_clause(self, same_server)
+    }
+    fn still_follows<'a>(&'a self, primary: &'a Client) -> Answer<'a, ()> {
+        Box::pin(SlotHost::still_follows(self, primary))
+    }
 }
 
 impl SlotHost {

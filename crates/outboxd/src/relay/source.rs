@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::error::RelayError;
 pub use crate::relay::address::{quote_ident, sql_connect, sql_connect_to, with_hint};
 use crate::relay::address::{replication_config, stream_index};
-pub use crate::relay::lsn::{fmt_lsn, parse_lsn};
+pub use crate::relay::lsn::parse_lsn;
 use pgwire_replication::ReplicationClient;
 use std::time::Duration;
 

@@ -49,7 +49,7 @@ pub struct Stages {
     /// This relay's health and error counts.
     observed: Arc<Observed>,
     /// Shadow mode: records of compared types go to the comparator, not (or not only) out.
-    shadow: Option<crate::shadow::Tap>,
+    shadow: Option<crate::relay::tap::Tap>,
     shadow_topic: String,
 }
 
@@ -60,7 +60,7 @@ impl Stages {
         host: SlotHost,
         confirmed: u64,
         observed: Arc<Observed>,
-        shadow: Option<crate::shadow::Tap>,
+        shadow: Option<crate::relay::tap::Tap>,
     ) -> Result<Self, RelayError> {
         let poison = PoisonHandler::new(cfg, &sql, observed.clone()).await?;
         crate::obs::status_row::ensure_table(&sql).await?;
@@ -88,7 +88,7 @@ impl Stages {
         confirmed: u64,
         observed: Arc<Observed>,
         poison: PoisonHandler,
-        shadow: Option<crate::shadow::Tap>,
+        shadow: Option<crate::relay::tap::Tap>,
     ) -> Result<Self, RelayError> {
         let outboxes = Outboxes::new(cfg)?;
         let mut in_flight = InFlight::new(confirmed);
@@ -398,7 +398,11 @@ impl Stages {
             }
         }
         let route = self.outboxes.get(table);
-        if let Err(e) = route.topic.render(&event, &mut self.topic_buf) {
+        if let Err(e) =
+            route
+                .topic
+                .render(event.aggregate_type, event.event_type, &mut self.topic_buf)
+        {
             // `{event_type}` in sink.topic and a NULL event type: no topic to send it to.
             let rec = self.record_of(table, &event);
             return self.park(rec, e.class(), &e.to_string()).await;
@@ -406,7 +410,7 @@ impl Stages {
         let mut topic = self.topic_buf.as_str();
         if let Some(tap) = self.shadow.as_ref().filter(|t| !t.delivers(event_type)) {
             let commit_ms = self.in_flight.open_commit_ms().unwrap_or(i64::MAX);
-            tap.offer(commit_ms, || crate::shadow::record_of(&event, topic));
+            tap.offer(commit_ms, || crate::relay::tap::record_of(&event, topic));
             match tap.prefix() {
                 // Nothing in flight: the transaction confirms like one without events.
                 None => return Ok(()),
@@ -468,7 +472,7 @@ impl Stages {
             .outboxes
             .get(table)
             .topic
-            .render(e, &mut self.topic_buf)
+            .render(e.aggregate_type, e.event_type, &mut self.topic_buf)
             .is_ok();
         e.parked_record(routed.then_some(self.topic_buf.as_str()))
     }

@@ -6,7 +6,9 @@
 use super::store::Policy;
 use super::ReplayError;
 use crate::config::Config;
-use crate::relay::route::{is_uuid, ColumnNames, TopicTemplate};
+use crate::model::columns::ColumnNames;
+use crate::model::topic::TopicTemplate;
+use crate::relay::route::is_uuid;
 use crate::relay::source::quote_ident;
 use crate::relay::table_reader::{self, Filter};
 use chrono::{DateTime, Utc};

@@ -2,20 +2,9 @@
 //! I/O, time is passed in, so every rule is unit-tested.
 
 use crate::config::shadow::Field;
+use crate::model::record::Rec;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-
-/// One record, as outboxd built it or as the legacy path published it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Rec {
-    pub event_id: String,
-    pub event_type: String,
-    pub topic: String,
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    /// In order; a header may have no value.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {

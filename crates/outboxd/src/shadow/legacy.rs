@@ -2,10 +2,10 @@
 //! partition at its end (no consumer group to join: comparing starts at once and commits
 //! nothing), and the event id and type taken from where `shadow.legacy_event_*` says.
 
-use super::compare::Rec;
 use crate::config::shadow::Locator;
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::model::record::Rec;
 use crate::relay::kafka::consumer::{self as kafka_consumer, Ctx};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};

@@ -28,12 +28,13 @@ pub(crate) mod store;
 use crate::config::shadow::{Field, Locator};
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::model::record::Rec;
 use crate::obs::Observed;
-use compare::{Decided, Matcher, Rec, Side};
+use crate::relay::tap::Tap;
+use compare::{Decided, Matcher, Side};
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::Message;
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -41,59 +42,6 @@ use tokio::sync::{mpsc, watch};
 /// Records waiting for the comparator; when it falls behind, further ones are dropped (and
 /// counted) rather than slowing the relay.
 const QUEUE: usize = 50_000;
-
-/// What the session's stages hold: decides per event type and hands records over.
-#[derive(Clone)]
-pub struct Tap {
-    tx: mpsc::Sender<Rec>,
-    deliver: Arc<HashSet<String>>,
-    prefix: Option<Arc<str>>,
-    /// Commits before this (unix ms) are not compared.
-    since_ms: i64,
-    /// The first drop was logged.
-    warned: Arc<AtomicBool>,
-}
-
-impl Tap {
-    /// Whether this event type is delivered for real (canary) instead of compared.
-    pub fn delivers(&self, event_type: &str) -> bool {
-        self.deliver.contains(event_type)
-    }
-
-    /// Where shadowed records go: `Some(prefix)` to `<prefix><topic>`, `None` nowhere.
-    pub fn prefix(&self) -> Option<&str> {
-        self.prefix.as_deref()
-    }
-
-    /// Hands a built record to the comparator; never waits.
-    pub fn offer(&self, commit_ms: i64, rec: impl FnOnce() -> Rec) {
-        if commit_ms < self.since_ms {
-            return;
-        }
-        // Only the drop path touches the metric: nothing per offered record.
-        if self.tx.try_send(rec()).is_err() {
-            metrics::counter!(crate::obs::SHADOW_EVENTS, "event_type" => "unknown", "result" => "dropped")
-                .increment(1);
-            if !self.warned.swap(true, Ordering::Relaxed) {
-                tracing::warn!("shadow: the comparator falls behind; records are dropped uncompared (counted in outboxd_shadow_events_total{{result=\"dropped\"}})");
-            }
-        }
-    }
-}
-
-/// The record as outboxd would produce it to `topic`, for comparing.
-pub fn record_of(e: &crate::relay::route::Event<'_>, topic: &str) -> Rec {
-    let mut headers = Vec::new();
-    let _ = e.for_each_header(|k, v| headers.push((k.to_string(), v.map(<[u8]>::to_vec))));
-    Rec {
-        event_id: e.event_id.to_string(),
-        event_type: e.type_or_empty().to_string(),
-        topic: topic.to_string(),
-        key: e.aggregate_id.map(|k| k.as_bytes().to_vec()),
-        value: (!e.tombstone).then(|| e.payload.to_vec()),
-        headers,
-    }
-}
 
 /// Starts the comparator when `shadow.enabled`: the legacy consumer and the task that pairs,
 /// reports and stores. Runs until `shutdown`.

@@ -31,8 +31,6 @@ use tokio_postgres::Client;
 
 /// How often the holder beats.
 pub const BEAT_EVERY: Duration = Duration::from_secs(1);
-/// The smallest `relay.takeover_after_ms` other than 0: two missed beats.
-pub const MIN_TAKEOVER_MS: u64 = 2_000;
 /// A session loop that did not turn for this long may have been frozen: it checks that the slot
 /// is still its own before acting (the loop turns at least every 250 ms).
 const GAP: Duration = Duration::from_secs(1);

@@ -14,7 +14,8 @@
 //!
 //! "Recover" follows `source.on_slot_loss`; see [`crate::slot::recovery`].
 
-use crate::relay::source::{fmt_lsn, SlotState};
+use crate::model::lsn::fmt_lsn;
+use crate::relay::source::SlotState;
 pub use crate::slot::gap::Gap;
 use crate::slot::state::{Identity, Recorded};
 use chrono::{DateTime, Utc};

@@ -29,8 +29,8 @@
 use crate::config::tables::OutboxTable;
 use crate::config::{Config, SlotLossPolicy};
 use crate::error::RelayError;
+use crate::model::columns::ColumnNames;
 use crate::relay::kafka::{Ack, Producer};
-use crate::relay::route::ColumnNames;
 use crate::relay::slot_host::SlotHost;
 use crate::relay::source::{self, quote_ident};
 use crate::relay::stages::Stages;
@@ -309,7 +309,7 @@ pub async fn prepare(
             host.creating(sql, create),
         )
         .await?;
-        tracing::info!(slot = %cfg.source.slot, consistent_point = %source::fmt_lsn(consistent), "created replication slot with an exported snapshot");
+        tracing::info!(slot = %cfg.source.slot, consistent_point = %crate::model::lsn::fmt_lsn(consistent), "created replication slot with an exported snapshot");
         reader
             .batch_execute(&format!(
                 "SET TRANSACTION SNAPSHOT {}",
@@ -494,7 +494,7 @@ pub async fn publish(
         gap = %p.gap,
         events,
         seconds = secs,
-        resume_lsn = %source::fmt_lsn(p.start),
+        resume_lsn = %crate::model::lsn::fmt_lsn(p.start),
         "recovery finished: every outbox row of the gap is acknowledged by the broker"
     );
     Ok(Some((p.repl.take(), p.start)))

@@ -449,7 +449,7 @@ pub async fn set_partitions_seen(
 }
 
 fn lsn_text(l: u64) -> String {
-    crate::relay::lsn::fmt_lsn(l)
+    crate::model::lsn::fmt_lsn(l)
 }
 
 /// System identifier and current timeline of the server the SQL connection reached.

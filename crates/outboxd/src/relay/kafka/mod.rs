@@ -255,7 +255,7 @@ pub fn client_config(cfg: &Config) -> ClientConfig {
             k.as_str(),
             "enable.idempotence" | "acks" | "request.required.acks"
         );
-        let ours = oidc && crate::relay::kafka::oidc::is_oidc_key(k);
+        let ours = oidc && crate::config::oidc::is_oidc_key(k);
         if !(enforced || ours) {
             cc.set(k, v);
         }
@@ -318,7 +318,7 @@ impl Producer {
                     cfg.redactor.scrub(&e.to_string())
                 ))
             })?;
-        let oidc = crate::relay::kafka::oidc::OidcConfig::from_kafka(&cfg.sink.kafka)
+        let oidc = crate::config::oidc::OidcConfig::from_kafka(&cfg.sink.kafka)
             .map_err(RelayError::Setup)?
             .map(|o| {
                 // SAFETY: the refresher is a field of the Producer that owns `inner` and is

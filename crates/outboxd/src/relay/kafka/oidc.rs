@@ -13,108 +13,13 @@
 //! A refused token request is an authentication failure: transient, retried with backoff and
 //! reported as class `auth` (credentials get rotated; the next attempt may succeed).
 
+use crate::config::oidc::OidcConfig;
 use base64::Engine as _;
-use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The librdkafka properties this module handles instead of librdkafka.
-pub const KEYS: &[&str] = &[
-    "sasl.oauthbearer.method",
-    "sasl.oauthbearer.client.id",
-    "sasl.oauthbearer.client.secret",
-    "sasl.oauthbearer.token.endpoint.url",
-    "sasl.oauthbearer.scope",
-    "sasl.oauthbearer.extensions",
-    "sasl.oauthbearer.grant.type",
-    "https.ca.location",
-];
-
-/// Whether `key` is one of [`KEYS`] (never passed to librdkafka when OIDC is on).
-pub fn is_oidc_key(key: &str) -> bool {
-    KEYS.contains(&key)
-}
-
-/// The OIDC client-credentials settings of `[sink.kafka]`.
-#[derive(Clone)]
-pub struct OidcConfig {
-    endpoint: String,
-    client_id: String,
-    client_secret: String,
-    scope: Option<String>,
-    extensions: Vec<(String, String)>,
-    ca_file: Option<String>,
-}
-
-impl std::fmt::Debug for OidcConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OidcConfig")
-            .field("endpoint", &self.endpoint)
-            .field("client_id", &self.client_id)
-            .field("client_secret", &crate::config::secrets::REDACTED)
-            .field("scope", &self.scope)
-            .field("extensions", &self.extensions.len())
-            .finish()
-    }
-}
-
 impl OidcConfig {
-    /// `None` unless `sasl.oauthbearer.method = "oidc"`; an error names the property to fix.
-    pub fn from_kafka(kafka: &BTreeMap<String, String>) -> Result<Option<Self>, String> {
-        let get = |k: &str| kafka.get(k).map(|v| v.trim().to_string());
-        match get("sasl.oauthbearer.method").as_deref() {
-            None | Some("default") => return Ok(None),
-            Some(m) if m.eq_ignore_ascii_case("oidc") => {}
-            Some(other) => {
-                return Err(format!(
-                "sink.kafka.\"sasl.oauthbearer.method\" = {other:?}: use \"oidc\" or \"default\""
-            ))
-            }
-        }
-        let mech = get("sasl.mechanism").or_else(|| get("sasl.mechanisms"));
-        if !mech
-            .as_deref()
-            .is_some_and(|m| m.eq_ignore_ascii_case("OAUTHBEARER"))
-        {
-            return Err(
-                "sink.kafka.\"sasl.oauthbearer.method\" = \"oidc\" needs \"sasl.mechanism\" = \"OAUTHBEARER\""
-                    .into(),
-            );
-        }
-        if let Some(g) = get("sasl.oauthbearer.grant.type") {
-            if g != "client_credentials" {
-                return Err(format!(
-                    "sink.kafka.\"sasl.oauthbearer.grant.type\" = {g:?} is not supported: outboxd \
-                     speaks the client_credentials grant"
-                ));
-            }
-        }
-        let need = |k: &str| {
-            get(k).filter(|v| !v.is_empty()).ok_or_else(|| {
-                format!("sink.kafka.\"{k}\" is required with sasl.oauthbearer.method = \"oidc\"")
-            })
-        };
-        let endpoint = need("sasl.oauthbearer.token.endpoint.url")?;
-        if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
-            return Err(format!(
-                "sink.kafka.\"sasl.oauthbearer.token.endpoint.url\" = {endpoint:?}: use an https:// URL"
-            ));
-        }
-        let extensions = match get("sasl.oauthbearer.extensions") {
-            None => Vec::new(),
-            Some(s) => parse_extensions(&s)?,
-        };
-        Ok(Some(Self {
-            endpoint,
-            client_id: need("sasl.oauthbearer.client.id")?,
-            client_secret: need("sasl.oauthbearer.client.secret")?,
-            scope: get("sasl.oauthbearer.scope").filter(|s| !s.is_empty()),
-            extensions,
-            ca_file: get("https.ca.location").filter(|s| s != "probe"),
-        }))
-    }
-
     /// One token request (blocking; bounded by a 10 s timeout).
     pub fn fetch(&self) -> Result<Token, OidcError> {
         let mut tls = ureq::tls::TlsConfig::builder();
@@ -215,28 +120,6 @@ impl OidcConfig {
             principal,
         })
     }
-}
-
-/// `key=value,key2=value2`, as librdkafka reads `sasl.oauthbearer.extensions`.
-fn parse_extensions(s: &str) -> Result<Vec<(String, String)>, String> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').ok_or_else(|| {
-                format!(
-                    "sink.kafka.\"sasl.oauthbearer.extensions\": {p:?} is not key=value \
-                     (use key=value,key2=value2)"
-                )
-            })?;
-            let k = k.trim();
-            if k.is_empty() || k == "auth" || !k.chars().all(|c| c.is_ascii_alphabetic()) {
-                return Err(format!(
-                    "sink.kafka.\"sasl.oauthbearer.extensions\": key {k:?} must be letters and not \"auth\""
-                ));
-            }
-            Ok((k.to_string(), v.trim().to_string()))
-        })
-        .collect()
 }
 
 /// The payload of a JWT (`header.payload.signature`), when the token is one. Not verified:
@@ -440,6 +323,7 @@ fn set_failure(h: &Handle, msg: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn far_expiries_do_not_overflow() {

@@ -37,10 +37,6 @@ const TIMESTAMPTZ: u32 = 1184;
 const UUID: u32 = 2950;
 const JSONB: u32 = 3802;
 
-/// The column types a header may come from, for messages.
-pub const SUPPORTED: &str =
-    "text, varchar, char, smallint, integer, bigint, boolean, uuid, json, jsonb, timestamptz";
-
 impl Render {
     /// The rendering for a column of this type and type modifier, `None` when not supported.
     pub fn for_type(type_oid: u32, typmod: i32) -> Option<Self> {

@@ -5,7 +5,9 @@
 //! refused — never a panic. Proptest's default of 256 cases per property suits CI;
 //! `PROPTEST_CASES=100000` runs long (docs/development.md, "Fuzzing").
 
-use super::{parse_timestamptz_ms, Columns, Preset, RowMapping, TopicTemplate};
+use super::{parse_timestamptz_ms, RowMapping};
+use crate::model::columns::{Columns, Preset};
+use crate::model::topic::TopicTemplate;
 use crate::relay::pgoutput::{Column, Relation, Value};
 use proptest::prelude::*;
 
@@ -210,7 +212,7 @@ proptest! {
         }
         let mut topic = String::new();
         let routed = TopicTemplate::parse(&template)
-            .is_ok_and(|t| t.render(&event, &mut topic).is_ok());
+            .is_ok_and(|t| t.render(event.aggregate_type, event.event_type, &mut topic).is_ok());
         let rec = event.parked_record(routed.then_some(topic.as_str()));
         if sent.is_ok() {
             prop_assert_eq!(rec.headers.len(), headers, "parked as it would be sent");

@@ -5,105 +5,16 @@
 //! definite error raised before anything past it is produced or confirmed.
 
 mod additional;
-mod columns;
 pub(crate) mod release;
 mod time;
-mod topic;
 
+use crate::model::columns::ColumnNames;
+use crate::model::route::{is_reserved_header, RouteError};
 use crate::relay::pgoutput::{Relation, Value};
 use additional::Render;
-pub use columns::{ColumnNames, Columns, Preset};
 use std::borrow::Cow;
 use std::sync::Arc;
-use thiserror::Error;
 pub use time::parse_timestamptz_ms;
-pub use topic::TopicTemplate;
-
-/// A routing setting that cannot work (the topic template, the column names); the message names
-/// the setting and the fix.
-#[derive(Debug, Clone, Error, PartialEq, Eq)]
-#[error("{0}")]
-pub struct SettingError(pub String);
-
-#[derive(Debug, Clone, Error, PartialEq, Eq)]
-pub enum RouteError {
-    #[error("outbox table {table} has no column `{column}` (configured as source.columns.{key}); restore the column or fix the config — nothing past this point is confirmed")]
-    MissingColumn {
-        table: String,
-        column: String,
-        key: &'static str,
-    },
-    #[error("event at column `{0}` is NULL or missing; the outbox row cannot be routed")]
-    NullField(&'static str),
-    #[error("column `{0}` is not valid UTF-8")]
-    NotUtf8(&'static str),
-    #[error("headers column is not a JSON object of strings: {0}")]
-    BadHeaders(String),
-    /// Consumers deduplicate by `event_id` and the inbox parses it as a UUID.
-    #[error("event_id is not a UUID; consumers deduplicate by it (the inbox refuses the record)")]
-    EventIdNotUuid,
-    /// A text payload column carries something that is not JSON (json/jsonb columns cannot).
-    #[error("payload is not JSON: {0}")]
-    PayloadNotJson(String),
-    /// pgoutput sends bytea as `\x…` text: the record would carry that text, not the bytes.
-    #[error("payload column `{column}` of {table} is bytea; outboxd publishes JSON: use a json or jsonb column (or text holding JSON)")]
-    BinaryPayload { table: String, column: String },
-    /// A row may not set a header the relay derives from its columns: consumers deduplicate
-    /// and order by them, so a spoofed `event_id` or `aggregate_version` would defeat both.
-    #[error("headers column sets `{0}`, which outboxd derives from the row's columns ({RESERVED}, and the headers of source.columns.additional); a row may not override them: rename the header")]
-    ReservedHeader(String),
-    /// A column of `[source.columns] additional` whose type Debezium renders as something
-    /// outboxd does not reproduce: refused when the schema arrives, not sent differently.
-    #[error("column `{column}` of {table} is {type_name}; source.columns.additional places only {} in headers (as Debezium writes them): remove the entry or change the column's type", additional::SUPPORTED)]
-    UnsupportedHeaderColumn {
-        table: String,
-        column: String,
-        type_name: String,
-    },
-    /// The text of a placed column is not what Postgres writes for its type (never quoted:
-    /// the value may be personal data).
-    #[error("column `{column}` (header `{header}`) holds text that is not Postgres's output for its type; the header cannot be written as Debezium writes it")]
-    BadHeaderValue { column: String, header: String },
-}
-
-/// The header names outboxd sets itself, from the row's columns: the wire contract, the same
-/// list as `outboxd_outbox::RESERVED_HEADERS` (writer side) and the inbox's protocol headers.
-pub const RESERVED_HEADERS: [&str; 6] = [
-    "event_id",
-    "event_type",
-    "aggregate_type",
-    "aggregate_id",
-    "aggregate_version",
-    "schema_version",
-];
-const RESERVED: &str =
-    "event_id, event_type, aggregate_type, aggregate_id, aggregate_version, schema_version";
-
-/// Is `name` one of [`RESERVED_HEADERS`], in any letter case (some consumer frameworks look
-/// header names up case-insensitively)?
-pub fn is_reserved_header(name: &str) -> bool {
-    RESERVED_HEADERS
-        .iter()
-        .any(|r| r.eq_ignore_ascii_case(name))
-}
-
-impl RouteError {
-    /// The poison class of a row that cannot be routed (`outbox_parked.error_class`, metrics).
-    pub fn class(&self) -> &'static str {
-        match self {
-            Self::ReservedHeader(_) => "reserved_header",
-            Self::MissingColumn { .. }
-            | Self::NullField(_)
-            | Self::NotUtf8(_)
-            | Self::BadHeaders(_)
-            | Self::EventIdNotUuid
-            | Self::PayloadNotJson(_)
-            | Self::BinaryPayload { .. }
-            | Self::UnsupportedHeaderColumn { .. }
-            | Self::BadHeaderValue { .. } => "invalid_event",
-        }
-    }
-}
 
 /// Where each event field sits in the tuple of the current Relation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -453,8 +364,9 @@ mod fuzz;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::columns::{Columns, Preset};
+    use crate::model::topic::TopicTemplate;
     use crate::relay::pgoutput::Column;
-    use crate::relay::route::Preset;
 
     fn rel(cols: &[&str]) -> Relation {
         Relation {
@@ -527,7 +439,7 @@ mod tests {
         assert_eq!(hs[6].1, "5");
         let t = TopicTemplate::parse("outbox.event.{aggregate_type}").unwrap();
         let mut s = String::new();
-        t.render(&e, &mut s).unwrap();
+        t.render(e.aggregate_type, e.event_type, &mut s).unwrap();
         assert_eq!(s, "outbox.event.order");
     }
 
@@ -604,7 +516,8 @@ mod tests {
         let mut topic = String::new();
         let t = TopicTemplate::parse("events.{event_type}").unwrap();
         assert_eq!(
-            t.render(&e, &mut topic).unwrap_err(),
+            t.render(e.aggregate_type, e.event_type, &mut topic)
+                .unwrap_err(),
             RouteError::NullField("event_type")
         );
         // The outboxd preset requires both (the inbox reads them).

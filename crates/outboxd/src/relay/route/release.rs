@@ -9,7 +9,10 @@
 //! NULL one as a header without value); stored copies of reserved names are the relay's own
 //! from when it parked the event and are recomputed, never trusted.
 
-use super::{is_reserved_header, ColumnNames, Event, RouteError, TopicTemplate};
+use super::Event;
+use crate::model::columns::ColumnNames;
+use crate::model::route::{is_reserved_header, RouteError};
+use crate::model::topic::TopicTemplate;
 use crate::poison::record::ParkedRecord;
 
 /// The record to publish for a stored parked row, and the schema version it carries (for
@@ -88,14 +91,14 @@ pub fn rebuild(
         id_header,
         additional,
     };
-    topic.render(&event, buf)?;
+    topic.render(event.aggregate_type, event.event_type, buf)?;
     Ok((event.parked_record(Some(buf)), schema_version))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::route::{Columns, Preset};
+    use crate::model::columns::{Columns, Preset};
 
     fn stored() -> ParkedRecord {
         let h = |k: &str, v: &str| (k.to_string(), Some(v.to_string()));

@@ -50,7 +50,7 @@ pub struct Order {
 }
 
 impl Order {
-    fn new(relation: &Relation, names: &crate::relay::route::ColumnNames) -> Option<Self> {
+    fn new(relation: &Relation, names: &crate::model::columns::ColumnNames) -> Option<Self> {
         let find = |n: &str| relation.columns.iter().position(|c| c.name == n);
         let text = |i: usize| {
             let c = quote_ident(&relation.columns[i].name);

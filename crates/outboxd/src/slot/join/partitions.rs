@@ -21,7 +21,8 @@
 use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
-use crate::relay::lsn::{fmt_lsn, parse_lsn};
+use crate::model::lsn::fmt_lsn;
+use crate::relay::lsn::parse_lsn;
 use crate::relay::source::quote_ident;
 use crate::slot::state::{self as slot_state, SeenPartition};
 use tokio_postgres::Client;

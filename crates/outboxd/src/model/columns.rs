@@ -1,7 +1,7 @@
 //! Which columns of the outbox table hold which event field: our names, Debezium's preset, or
 //! the operator's (`[source.columns]`).
 
-use super::{is_reserved_header, SettingError};
+use super::route::{is_reserved_header, SettingError};
 use serde::{Deserialize, Deserializer};
 use std::sync::Arc;
 

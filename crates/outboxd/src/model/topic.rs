@@ -1,6 +1,6 @@
 //! The topic name template (`sink.topic`).
 
-use super::{Event, RouteError, SettingError};
+use super::route::{RouteError, SettingError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
@@ -59,15 +59,21 @@ impl TopicTemplate {
         (prefix, false)
     }
 
-    /// Renders into `out` (cleared first) so the hot path reuses one buffer. Err when the
-    /// template needs the event type and the row has none (a NULL one, Debezium preset).
-    pub fn render(&self, e: &Event<'_>, out: &mut String) -> Result<(), RouteError> {
+    /// Renders an event's topic (its aggregate type, its event type) into `out` (cleared first)
+    /// so the hot path reuses one buffer. Err when the template needs the event type and the
+    /// row has none (a NULL one, Debezium preset).
+    pub fn render(
+        &self,
+        aggregate_type: &str,
+        event_type: Option<&str>,
+        out: &mut String,
+    ) -> Result<(), RouteError> {
         out.clear();
         for p in &self.0 {
             out.push_str(match p {
                 Part::Lit(s) => s,
-                Part::AggregateType => e.aggregate_type,
-                Part::EventType => e.event_type.ok_or(RouteError::NullField("event_type"))?,
+                Part::AggregateType => aggregate_type,
+                Part::EventType => event_type.ok_or(RouteError::NullField("event_type"))?,
             });
         }
         Ok(())
