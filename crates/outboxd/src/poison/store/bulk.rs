@@ -116,6 +116,27 @@ async fn audit(
         .unzip())
 }
 
+/// The events held behind the heads `ids` that the decision releases (those not decided
+/// themselves): an audit row each, as `parked retry|discard` of one head writes them
+/// (`operator::audit_followers`), so every released event names who released it and why.
+async fn audit_followers(
+    tx: &tokio_postgres::Transaction<'_>,
+    d: &Decision<'_>,
+    decision: &str,
+    ids: &[String],
+) -> Result<u64, RelayError> {
+    Ok(tx
+        .execute(
+            "INSERT INTO outbox_parked_audit (slot, event_id, action, operator, reason) \
+             SELECT slot, event_id, 'retry', $3, \
+                    'held behind ' || blocked_by || ', released by its ' || $4 || ': ' || $5 \
+             FROM outbox_parked WHERE slot = $1 AND blocked_by = ANY($2) \
+               AND state = 'blocked' AND NOT event_id = ANY($2) ORDER BY id",
+            &[&d.slot, &ids, &d.operator, &decision, &d.reason],
+        )
+        .await?)
+}
+
 /// Marks the parked events `ids` for retry (as parked: unchanged payloads), each with its own
 /// audit row, in one transaction. Returns how many were marked (one gone meanwhile is not).
 pub async fn request_retries(
@@ -135,6 +156,7 @@ pub async fn request_retries(
         .map(|r| r.get(0))
         .collect();
     let (audit_ids, events) = audit(&tx, d, "retry", &open).await?;
+    audit_followers(&tx, d, "retry", &open).await?;
     let n = tx
         .execute(
             "UPDATE outbox_parked p SET state = 'retry', last_seen = now(), retry_audit_id = a.id \
@@ -166,6 +188,7 @@ pub async fn discard_all(
         .map(|r| r.get(0))
         .collect();
     audit(&tx, d, "discard", &open).await?;
+    audit_followers(&tx, d, "discard", &open).await?;
     let n = tx
         .execute(
             "UPDATE outbox_parked SET state = 'discarded', resolved_at = now(), retry_audit_id = NULL \
