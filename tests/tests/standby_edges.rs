@@ -330,6 +330,21 @@ async fn replay_paused_on_the_standby_is_no_stall() -> Result<()> {
     Ok(())
 }
 
+/// Writes an event `amounts_must_be_positive` refuses (a negative amount) on the primary and
+/// waits until the standby replayed it; returns it and the WAL position before its commit.
+async fn poison_replayed(w: &World, c: &mut tokio_postgres::Client) -> Result<(NewEvent, u64)> {
+    let poison = NewEvent::new(
+        "acct",
+        "a-2",
+        1,
+        "Deposited",
+        serde_json::json!({"amount": -5}),
+    );
+    let before = write_events_returning_lsn(c, std::slice::from_ref(&poison)).await?;
+    w.replayed().await?;
+    Ok((poison, before))
+}
+
 /// A schema directory where `Deposited` needs a positive amount, and its `[validation]`.
 fn amounts_must_be_positive() -> Result<(tempfile::TempDir, String)> {
     let schemas = outboxd_tests::testkit::tempdir("sb-schemas")?;
@@ -358,15 +373,7 @@ async fn a_parked_event_is_not_confirmed_before_the_standby_replayed_its_row() -
     // The poison event is on the standby (decodable there) before replay stops; the row that
     // parks it, written on the primary once a relay reads the event, is not.
     let mut c = w.env.sql().await?;
-    let poison = NewEvent::new(
-        "acct",
-        "a-2",
-        1,
-        "Deposited",
-        serde_json::json!({"amount": -5}),
-    );
-    let before = write_events_returning_lsn(&mut c, std::slice::from_ref(&poison)).await?;
-    w.replayed().await?;
+    let (poison, before) = poison_replayed(&w, &mut c).await?;
     w.replay_paused(true).await?;
     let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
     let id = poison.event_id.to_string();
@@ -463,15 +470,7 @@ async fn a_parked_event_survives_a_promotion_before_the_standby_had_its_row() ->
     let mut relay = w.relay_delivering(5).await?;
     relay.sigterm()?;
     let mut c = w.env.sql().await?;
-    let poison = NewEvent::new(
-        "acct",
-        "a-2",
-        1,
-        "Deposited",
-        serde_json::json!({"amount": -5}),
-    );
-    let before = write_events_returning_lsn(&mut c, std::slice::from_ref(&poison)).await?;
-    w.replayed().await?;
+    let (poison, before) = poison_replayed(&w, &mut c).await?;
     // From now on the standby receives nothing of the primary's WAL.
     let feed = w.feed.as_ref().context("no feed")?;
     feed.set_mode(Mode::Down);

@@ -119,7 +119,7 @@ async fn audit(
 /// The events held behind the heads `ids` that the decision releases (those not decided
 /// themselves): an audit row each, as `parked retry|discard` of one head writes them
 /// (`operator::audit_followers`), so every released event names who released it and why.
-async fn audit_followers(
+pub(super) async fn audit_followers(
     tx: &tokio_postgres::Transaction<'_>,
     d: &Decision<'_>,
     decision: &str,
@@ -137,6 +137,26 @@ async fn audit_followers(
         .await?)
 }
 
+/// Those of `ids` still in one of `states`, locked, in stream order (one resolved meanwhile
+/// is left out).
+async fn lock_open(
+    tx: &tokio_postgres::Transaction<'_>,
+    slot: &str,
+    ids: &[String],
+    states: &[&str],
+) -> Result<Vec<String>, RelayError> {
+    Ok(tx
+        .query(
+            "SELECT event_id FROM outbox_parked WHERE slot = $1 AND event_id = ANY($2) \
+               AND state = ANY($3) ORDER BY id FOR UPDATE",
+            &[&slot, &ids, &states],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
 /// Marks the parked events `ids` for retry (as parked: unchanged payloads), each with its own
 /// audit row, in one transaction. Returns how many were marked (one gone meanwhile is not).
 pub async fn request_retries(
@@ -145,16 +165,7 @@ pub async fn request_retries(
     ids: &[String],
 ) -> Result<u64, RelayError> {
     let tx = sql.transaction().await?;
-    let open: Vec<String> = tx
-        .query(
-            "SELECT event_id FROM outbox_parked WHERE slot = $1 AND event_id = ANY($2) \
-               AND state = 'parked' ORDER BY id FOR UPDATE",
-            &[&d.slot, &ids],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let open = lock_open(&tx, d.slot, ids, &["parked"]).await?;
     let (audit_ids, events) = audit(&tx, d, "retry", &open).await?;
     audit_followers(&tx, d, "retry", &open).await?;
     let n = tx
@@ -177,16 +188,7 @@ pub async fn discard_all(
     ids: &[String],
 ) -> Result<u64, RelayError> {
     let tx = sql.transaction().await?;
-    let open: Vec<String> = tx
-        .query(
-            "SELECT event_id FROM outbox_parked WHERE slot = $1 AND event_id = ANY($2) \
-               AND state IN ('parked', 'retry', 'blocked') ORDER BY id FOR UPDATE",
-            &[&d.slot, &ids],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let open = lock_open(&tx, d.slot, ids, &["parked", "retry", "blocked"]).await?;
     audit(&tx, d, "discard", &open).await?;
     audit_followers(&tx, d, "discard", &open).await?;
     let n = tx

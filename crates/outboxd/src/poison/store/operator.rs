@@ -241,24 +241,16 @@ pub async fn discard(sql: &mut Client, r: &Request<'_>) -> Result<bool, RelayErr
 
 /// One decision releases the events held behind the head `r` names (the relay then checks each
 /// and publishes them in version order): each gets its own audit row in the operator's
-/// transaction, so the trail says who released every one and why, not only the head. Action
-/// `retry`: they are published (as they were parked; a corrected payload is the head's only).
-/// Rows only, no state change: the relay moves them when the head is resolved.
+/// transaction, as a bulk decision writes them ([`super::bulk::audit_followers`]).
 async fn audit_followers(
     tx: &tokio_postgres::Transaction<'_>,
     r: &Request<'_>,
     decision: &str,
 ) -> Result<u64, RelayError> {
-    let reason = format!(
-        "held behind {}, released by its {decision}: {}",
-        r.event_id, r.reason
-    );
-    Ok(tx
-        .execute(
-            "INSERT INTO outbox_parked_audit (slot, event_id, action, operator, reason) \
-             SELECT slot, event_id, 'retry', $3, $4 FROM outbox_parked \
-             WHERE slot = $1 AND blocked_by = $2 AND state = 'blocked' ORDER BY id",
-            &[&r.slot, &r.event_id, &r.operator, &reason],
-        )
-        .await?)
+    let d = super::bulk::Decision {
+        slot: r.slot,
+        operator: r.operator,
+        reason: r.reason,
+    };
+    super::bulk::audit_followers(tx, &d, decision, &[r.event_id.to_string()]).await
 }
