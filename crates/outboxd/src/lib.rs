@@ -46,10 +46,11 @@
 //! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy
 //!   path's topics), `store` (all `outboxd_shadow_*` SQL); the stages hand it built records
 //!   through `relay/tap` (the `Tap` it creates; shadow imports the relay, never the reverse).
-//! - `cmd/`: the command line, one file per command (`admin`: init and check, `status`,
+//! - `cmd/`: the command line, one file per command (`admin`: init, `check`, `status`,
 //!   `alerts`, `parked`, `recover`, `replay`); `check_line`: one line of `outboxd check`, which
-//!   `admin`, `check_jobs`, `privileges` and `parked` produce (none imports another for it).
-//! - [`config`] (+ `secrets`; one file per section: `alerts`, `cleanup`, `oidc`, `parked`,
+//!   `check`, `check_jobs`, `privileges` and `parked` produce (none imports another for it).
+//! - [`config`] (+ `secrets`; `load`: file, environment, secrets, validation; `table_set`: the
+//!   tables a configuration reads; one file per section: `alerts`, `cleanup`, `oidc`, `parked`,
 //!   `policy`, `replay`, `shadow`, `tables`, `validate`), [`error`], `fail` (crash hooks for the
 //!   crash-window tests).
 //! - `model/`: the shared vocabulary — `columns` (which column holds which event field, presets,

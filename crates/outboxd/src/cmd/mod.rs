@@ -2,6 +2,7 @@
 
 pub(crate) mod admin;
 pub(crate) mod alerts;
+pub(crate) mod check;
 pub(crate) mod check_jobs;
 pub(crate) mod check_line;
 pub(crate) mod manual;
@@ -343,7 +344,7 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
             unreachable!("handled before the config is read")
         }
         Cmd::Check(_) => {
-            let lines = crate::cmd::admin::check(&cfg).await;
+            let lines = crate::cmd::check::check(&cfg).await;
             let failed = lines.iter().filter(|l| !l.ok).count();
             for l in &lines {
                 println!(
