@@ -21,17 +21,19 @@
 //!   - `ack`: the tracker turning out-of-order acks into the one LSN safe to confirm;
 //!     `in_flight`: the tracker plus bytes, labels and latency of the unacknowledged events;
 //!   - `stages`: dispatches one replication event or Ack to the parts it owns (`InFlight`,
-//!     `poison::handler::PoisonHandler`, `obs::watch::Watch`); `session`: one session's loop;
+//!     `PoisonHandler`, `obs::watch::Watch`); `park`: `PoisonHandler`, what a session does with
+//!     a poison event (park or halt, hold, release in order; through `poison/`'s store and
+//!     checks); `session`: one session's loop;
 //!   - `table_reader`: outbox rows read from the table instead of the WAL, fed to the stages as
 //!     synthetic pgoutput messages (byte-identical records): slot-loss recovery and replay.
 //! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
 //!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
 //! - `poison/`: events retrying cannot fix — `policy` (the failure classes), `validate`
 //!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair;
-//!   `store/bulk`: repairs of a selection), `handler` (what a session does with one: park or
-//!   halt, hold, release in order), `integrity` (the HMAC tag only the relay's key makes),
+//!   `store/bulk`: repairs of a selection), `integrity` (the HMAC tag only the relay's key makes),
 //!   `vet` (the check before a release: the tag, else the outbox row via `provenance`),
-//!   `bounds` (the parked store's size limits: halt, never drop).
+//!   `bounds` (the parked store's size limits: halt, never drop). The session's use of them is
+//!   `relay/park` (poison imports no stage).
 //! - `replay/`: `outboxd replay` (R38) — `select` (ids or an audited range, the dry run's
 //!   summary), `consumers` (the consumer groups of the target topics and their lag, from the
 //!   broker), `store` (all `outboxd_replay` SQL: request, approval by another role, cursor,
@@ -75,7 +77,7 @@
 //! `obs/` imports no other stage but `schema`: the relay hands it what it reads (`obs::view`).
 //!
 //! Still two-way (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them): the stages
-//! `relay` ↔ `slot`, `relay` ↔ `poison`.
+//! `relay` ↔ `slot`.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in

@@ -2,7 +2,6 @@
 //! durable `outbox_parked` table with the in-order release after an operator's repair.
 
 pub(crate) mod bounds;
-pub(crate) mod handler;
 pub(crate) mod integrity;
 pub(crate) mod policy;
 pub(crate) mod provenance;

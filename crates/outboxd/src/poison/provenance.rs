@@ -20,7 +20,7 @@ use crate::config::tables::{OutboxTable, SOURCE_TABLE_HEADER};
 use crate::error::RelayError;
 use crate::model::columns::ColumnNames;
 use crate::model::route::is_reserved_header;
-use crate::relay::source::quote_ident;
+use crate::model::sql::quote_ident;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 

@@ -212,10 +212,7 @@ pub(super) fn replication_config(
 /// records are byte-identical to the stream's.
 pub const SESSION_OPTIONS: &str = "-c datestyle=ISO,YMD -c timezone=UTC -c extra_float_digits=3";
 
-/// A SQL identifier, quoted.
-pub fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
+pub use crate::model::sql::quote_ident;
 
 /// Appends what to change when a connection was refused for a reason we can name: TLS
 /// ([`crate::relay::tls::hint`]), or no walsender left for the stream (the SQL connection works, so

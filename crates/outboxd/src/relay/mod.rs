@@ -9,6 +9,7 @@ pub(crate) mod in_flight;
 pub(crate) mod kafka;
 pub(crate) mod lsn;
 pub(crate) mod outboxes;
+pub(crate) mod park;
 pub(crate) mod pgoutput;
 pub(crate) mod route;
 pub(crate) mod session;
