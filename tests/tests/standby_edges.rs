@@ -325,7 +325,7 @@ async fn replay_paused_on_the_standby_is_no_stall() -> Result<()> {
     assert_eq!(recs.len(), 20, "{}", read_log(&w.log));
     w.caught_up().await?;
     let log = read_log(&w.log);
-    assert_eq!(log.matches("relay::session: streaming").count(), 1, "{log}");
+    assert_eq!(log.matches("session: streaming").count(), 1, "{log}");
     relay.sigterm()?;
     Ok(())
 }

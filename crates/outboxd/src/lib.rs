@@ -7,9 +7,11 @@
 //! Data flows one way through the relay; what flows back is the acknowledgement.
 //!
 //! - `supervisor`: [`run`] — one session after another; transient errors restart from the
-//!   slot, definite ones stop the relay.
-//! - `relay/`: one session, in data-flow order:
-//!   - `source`: SQL preflight, slot handling and the replication stream; `tls`: TLS to
+//!   slot, definite ones stop the relay. `supervisor/session`: one session's loop (preflight,
+//!   the slot's guard and recovery, tenant joins, then the stages over the stream).
+//! - `relay/`: the stages of a session, in data-flow order:
+//!   - `source`: SQL preflight, slot handling and the replication stream (`blockers`: a slot
+//!     creation bounded, naming the transactions it waits for); `tls`: TLS to
 //!     Postgres for both; `gulp`: reads a live stream a transaction (under load, several) at a
 //!     time instead of one message per wake-up, gathering only when there are others to
 //!     gather (the adaptive pace); `ack_wait`: when the session's thread takes acks;
@@ -23,11 +25,13 @@
 //!   - `stages`: dispatches one replication event or Ack to the parts it owns (`InFlight`,
 //!     `PoisonHandler`, `obs::watch::Watch`); `park`: `PoisonHandler`, what a session does with
 //!     a poison event (park or halt, hold, release in order; through `poison/`'s store and
-//!     checks); `session`: one session's loop;
+//!     checks);
 //!   - `table_reader`: outbox rows read from the table instead of the WAL, fed to the stages as
 //!     synthetic pgoutput messages (byte-identical records): slot-loss recovery and replay.
 //! - `slot/`: slot loss — `state` (the durable stream memory, table `outboxd_slot_state`),
-//!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap).
+//!   `guard` (detection at session start), `recovery` (republishing a lost slot's gap),
+//!   `publication` (changes of the publication under the stream), `join` (tables that join),
+//!   `fence` (who holds the slot).
 //! - `poison/`: events retrying cannot fix — `policy` (the failure classes), `validate`
 //!   (JSON Schema), `store` (all `outbox_parked` SQL: parking, holding, release, repair;
 //!   `store/bulk`: repairs of a selection), `integrity` (the HMAC tag only the relay's key makes),
@@ -59,7 +63,8 @@
 //!   `additional` placements), `topic` (the topic template), `route` (`SettingError`,
 //!   `RouteError`, the reserved header names), `tls` (`[source]`'s TLS settings and their checks),
 //!   `stream` (`DecodeError`, `ProtocolError`: what can be wrong with the replication stream),
-//!   `lsn` (`fmt_lsn`), `record` (`Rec`: a built record as plain data, for shadow's comparator).
+//!   `lsn` (`fmt_lsn`), `record` (`Rec`: a built record as plain data, for shadow's comparator),
+//!   `sql` (`quote_ident`), `publication` (the publication guard's messages, membership SQL).
 //!
 //! # Floors
 //! Imports point down: a module imports its own floor's modules or the floors below, never one
@@ -67,17 +72,20 @@
 //! a small trait or a value.
 //!
 //! 1. `cmd/` — the command line: reads every floor below, nothing imports it.
-//! 2. the stages — `supervisor`, `relay/`, `slot/`, `poison/`, `replay/`, `cleanup/`, `shadow/`,
-//!    `obs/`, `schema`.
+//! 2. the stages — `supervisor` (with `supervisor/session`, one session's loop, which drives
+//!    the relay's stages and the slot's guard, joins and recovery), `slot/` (which runs the
+//!    relay's stages over rows read from the table), `relay/`, `poison/`, `replay/`, `cleanup/`,
+//!    `shadow/`, `obs/`. Among them too imports point one way: no two import each other, and the
+//!    top-level graph has no cycle.
 //! 3. [`config`] (every section's type: `config/alerts` for `outboxd alerts`, `config/policy` for
 //!    the poison policy, `config/oidc` for `[sink.kafka]`'s OIDC settings), [`error`] (which
-//!    wraps `ConfigError` and the ground floor's errors; it imports no stage), `fail`.
+//!    wraps `ConfigError` and the ground floor's errors; it imports no stage), `schema` (where
+//!    outboxd's own tables live and how their DDL is applied), `fail`.
 //! 4. `model/` — the ground floor: imports nothing of the crate.
 //!
-//! `obs/` imports no other stage but `schema`: the relay hands it what it reads (`obs::view`).
-//!
-//! Still two-way (issue 41; `KNOWN_TWO_WAY` in `tests/tests/house.rs` lists them): the stages
-//! `relay` ↔ `slot`.
+//! `obs/` imports no other stage: the relay hands it what it reads (`obs::view`).
+//! `tests/tests/house.rs` checks all of it (`FLOORS`, with `crate::`, `super::` and `self::`
+//! paths), so it stays true.
 //!
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in

@@ -15,7 +15,7 @@ pub fn unqualified(ddl: &str) -> String {
 pub fn qualified(ddl: &str, schema: &str) -> String {
     ddl.replace(
         "public.",
-        &format!("{}.", crate::relay::source::quote_ident(schema)),
+        &format!("{}.", crate::model::sql::quote_ident(schema)),
     )
 }
 

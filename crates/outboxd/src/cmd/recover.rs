@@ -4,11 +4,11 @@
 //! on from the slot afterwards.
 
 use crate::config::Config;
-use crate::relay::session::{self as pipeline, Mode};
 use crate::relay::source;
 use crate::slot::guard::{self as slot_guard, Decision};
 use crate::slot::recovery;
 use crate::slot::state as slot_state;
+use crate::supervisor::session::{self as pipeline, Mode};
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use std::fmt::Write;

@@ -211,7 +211,7 @@ pub struct SourceConfig {
     pub recovery_window: Duration,
     /// How long the creation of a slot (a slot-loss recovery's, the first start's) may wait
     /// for the transactions open when it began (a prepared transaction left behind waits
-    /// forever) before the session gives up naming them and retries (`slot::blockers`).
+    /// forever) before the session gives up naming them and retries (`relay::blockers`).
     /// Seconds, or a duration such as "5m".
     #[serde(default = "d_slot_create_timeout", deserialize_with = "duration_secs")]
     pub slot_create_timeout: Duration,

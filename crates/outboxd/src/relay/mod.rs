@@ -4,6 +4,7 @@
 pub(crate) mod ack;
 pub(crate) mod ack_wait;
 pub(crate) mod address;
+pub(crate) mod blockers;
 pub(crate) mod gulp;
 pub(crate) mod in_flight;
 pub(crate) mod kafka;
@@ -12,7 +13,6 @@ pub(crate) mod outboxes;
 pub(crate) mod park;
 pub(crate) mod pgoutput;
 pub(crate) mod route;
-pub(crate) mod session;
 pub(crate) mod slot_host;
 pub(crate) mod source;
 pub(crate) mod stages;

@@ -70,7 +70,7 @@ pub async fn preflight_opt(
                 &format!(
                     "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 \
                          AND tablename = $2), COALESCE({}, false)",
-                    crate::slot::publication::member_sql("$3", "to_regclass($4)::oid")
+                    crate::model::publication::member_sql("$3", "to_regclass($4)::oid")
                 ),
                 &[
                     &t.schema,
@@ -204,7 +204,7 @@ pub async fn create_slot_sql(
         watcher = sql_connect(cfg).await?;
         (&watcher, Some(&watcher))
     };
-    let created = crate::slot::blockers::bounded(
+    let created = crate::relay::blockers::bounded(
         look,
         cancel_on,
         slot,

@@ -8,6 +8,7 @@
 
 use crate::error::RelayError;
 use crate::fail;
+use crate::model::publication;
 use crate::obs::watch::{View, Watch};
 use crate::obs::Observed;
 use crate::poison::store::ParkedRecord;
@@ -20,7 +21,6 @@ use crate::relay::pgoutput::{self, Message, Value};
 use crate::relay::route::Event;
 use crate::relay::slot_host::{ReplayFence, SlotHost};
 use crate::relay::source::sql_bounded;
-use crate::slot::publication;
 use pgwire_replication::ReplicationEvent;
 use std::sync::Arc;
 use tokio_postgres::Client;

@@ -1,7 +1,6 @@
 //! Slot loss: the durable memory of the stream, detection at session start, and recovery of a
 //! lost slot's gap from the outbox table (docs/reliability.md, "Slot loss").
 
-pub(crate) mod blockers;
 pub(crate) mod fence;
 pub(crate) mod gap;
 pub(crate) mod guard;

@@ -300,7 +300,7 @@ pub async fn prepare(
         // A slot created on a standby cannot be a failover slot.
         let failover = source::server_major(sql).await? >= 17 && !host.in_recovery();
         let create = source::create_slot_exported(cfg, &mut repl, failover);
-        let (consistent, snapshot) = super::blockers::bounded(
+        let (consistent, snapshot) = crate::relay::blockers::bounded(
             sql,
             Some(host.sql(sql)),
             &cfg.source.slot,

@@ -1,11 +1,13 @@
 //! The supervisor: runs one replication session after another. Transient errors end a session
 //! and a new one starts from the slot's confirmed LSN after a bounded, jittered exponential
-//! backoff; definite errors stop the relay; a standby polls at a steady pace.
+//! backoff; definite errors stop the relay; a standby polls at a steady pace. One session's loop is
+//! [`session`]: it sits above the relay's stages and the slot's recovery, which it drives.
+
+pub(crate) mod session;
 
 use crate::config::Config;
 use crate::error::{RelayError, Retry};
 use crate::obs;
-use crate::relay::session;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
