@@ -34,6 +34,7 @@ pub async fn run_observed(
     // `cleanup.every`: beside the sessions, ended with them (aborted on drop).
     let _cleanup = crate::cleanup::spawn(&cfg, shutdown.clone()).map(AbortOnDrop);
     let mut shadow: Option<(crate::relay::tap::Tap, AbortOnDrop)> = None;
+    observed.status.configure(&cfg);
     loop {
         if *shutdown.borrow() {
             return Ok(());
@@ -71,6 +72,10 @@ pub async fn run_observed(
             fence.reset();
         }
         observed.errors.restart(policy.class);
+        if policy.retry != Retry::StandBy {
+            let message = cfg.redactor.scrub(&err.to_string());
+            observed.status.error(policy.class, &message, policy.fix);
+        }
         metrics::gauge!(obs::ROLE_ACTIVE).set(0.0);
         let health = &observed.health;
         health
@@ -85,7 +90,15 @@ pub async fn run_observed(
         let wait = match policy.retry {
             // A standby polls at a steady pace so it can take over quickly.
             // Sooner when the holder went silent: a second look, or the slot right after a fence.
-            Retry::StandBy => fence.standby_wait(&cfg).await,
+            Retry::StandBy => {
+                let wait = fence.standby_wait(&cfg).await;
+                let walsender = match &err {
+                    RelayError::SlotBusy { pid, .. } => Some(format!("walsender PID {pid}")),
+                    _ => None,
+                };
+                observed.status.holder(fence.holder().or(walsender));
+                wait
+            }
             Retry::Halt => max,
             Retry::Backoff | Retry::Stop => jitter(backoff),
         };
