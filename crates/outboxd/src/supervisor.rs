@@ -91,11 +91,14 @@ pub async fn run_observed(
             // A standby polls at a steady pace so it can take over quickly.
             // Sooner when the holder went silent: a second look, or the slot right after a fence.
             Retry::StandBy => {
-                let wait = fence.standby_wait(&cfg).await;
+                // The status page names the holder: its instance once the fence looked at its
+                // beats, until then its walsender.
                 let walsender = match &err {
                     RelayError::SlotBusy { pid, .. } => Some(format!("walsender PID {pid}")),
                     _ => None,
                 };
+                observed.status.holder(fence.holder().or(walsender.clone()));
+                let wait = fence.standby_wait(&cfg).await;
                 observed.status.holder(fence.holder().or(walsender));
                 wait
             }
