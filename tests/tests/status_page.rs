@@ -20,6 +20,10 @@ const TOKEN: &str = "status-token-5f1c9a7e2b";
 /// An aggregate id a browser would run if it were not escaped.
 const HOSTILE: &str = "<img src=x onerror=alert(1)>&\"'";
 
+fn repo_root() -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// One HTTP/1.0 request: (status, raw headers, body).
 fn request(addr: &str, method: &str, path: &str, auth: bool) -> (u16, String, String) {
     let Ok(mut s) = std::net::TcpStream::connect(addr) else {
@@ -331,6 +335,27 @@ async fn status_page_of_an_active_and_a_standby_instance() -> anyhow::Result<()>
         "standby page in the browser",
         &dom2.replace(&format!("token={TOKEN}"), ""),
     );
+    // The screenshot script a person uses (docs/operations.md, "Status page"); with
+    // OUTBOXD_STATUS_SCREENSHOT=<path> the PNG is kept there (how the docs' image was made).
+    let png = env.dir.path().join("status.png");
+    let out = Command::new(repo_root().join("scripts/status-screenshot.sh"))
+        .arg(format!("http://{maddr}/"))
+        .arg(&png)
+        .env("STATUS_TOKEN", TOKEN)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "status-screenshot.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(&png)?;
+    assert!(
+        bytes.starts_with(b"\x89PNG") && bytes.len() > 10_000,
+        "a PNG"
+    );
+    if let Some(keep) = std::env::var_os("OUTBOXD_STATUS_SCREENSHOT") {
+        std::fs::copy(&png, keep)?;
+    }
     // Without the token the browser gets no facts.
     let dom3 = rendered_dom(&browser, &format!("http://{maddr}/"), &profile);
     assert!(
