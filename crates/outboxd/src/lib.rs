@@ -22,6 +22,7 @@
 //!     `kafka/consumer`: consumers from `[sink.kafka]` (shadow's legacy reader, replay's lookup);
 //!   - `ack`: the tracker turning out-of-order acks into the one LSN safe to confirm;
 //!     `in_flight`: the tracker plus bytes, labels and latency of the unacknowledged events;
+//!   - `status_feed`: the parked events handed to the status page as obs's plain values;
 //!   - `stages`: dispatches one replication event or Ack to the parts it owns (`InFlight`,
 //!     `PoisonHandler`, `obs::watch::Watch`); `park`: `PoisonHandler`, what a session does with
 //!     a poison event (park or halt, hold, release in order; through `poison/`'s store and
@@ -45,8 +46,10 @@
 //!   `progress`.
 //! - `obs/`: metric names ([`obs`]) and health, `http` (the HTTP listener, bounded), `watch`
 //!   (heartbeats, stalls, slot health, per-type ages), `errors` (error counts), `status_row`
-//!   (all `outboxd_status` SQL), `view` (the traits through which the relay hands them the slot's
-//!   server and the in-flight events: `SlotServer`, `Pending`).
+//!   (all `outboxd_status` SQL), `status/` (the status page, `/` and `/status.json`: the
+//!   facts the relay hands it, their JSON and HTML, the last hour of lag), `view` (the traits
+//!   through which the relay hands them the slot's server and the in-flight events:
+//!   `SlotServer`, `Pending`).
 //! - `cleanup/`: deleting delivered outbox rows (R34) in batches behind every slot's delivery
 //!   mark and the recovery window; `partitions`: dropping whole partitions of a partitioned outbox.
 //! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy

@@ -279,7 +279,7 @@ async fn command(cli: Cli, cfg: &Config) -> anyhow::Result<ExitCode> {
                 crate::obs::serve(addr, handle, observed.clone())
                     .await
                     .with_context(|| format!("serve metrics on {addr}"))?;
-                tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+                tracing::info!(%addr, "serving /metrics, /healthz, /readyz and the status page (/, /status.json)");
             }
             let (tx, rx) = watch::channel(false);
             tokio::spawn(async move {

@@ -37,15 +37,20 @@ impl Config {
             .try_into()
             .map_err(|e: toml::de::Error| invalid(raw.scrub(e.message())))?;
         crate::config::secrets::load_files(&mut cfg)?;
+        crate::config::status_token::load_file(&mut cfg.metrics)?;
         cfg.ignored_env = ignored_env;
         cfg.redactor = crate::config::secrets::Redactor::of(
             &cfg.sink.kafka,
             &cfg.source.dsn,
             cfg.source.password.as_deref(),
         );
-        for k in [&cfg.parked.key, &cfg.parked.previous_key]
-            .into_iter()
-            .flatten()
+        for k in [
+            &cfg.parked.key,
+            &cfg.parked.previous_key,
+            &cfg.metrics.status_token,
+        ]
+        .into_iter()
+        .flatten()
         {
             cfg.redactor.add(k);
         }

@@ -13,6 +13,7 @@ pub(crate) mod policy;
 pub(crate) mod replay;
 pub(crate) mod secrets;
 pub(crate) mod shadow;
+pub(crate) mod status_token;
 pub(crate) mod table_set;
 pub(crate) mod tables;
 mod validate;
@@ -134,12 +135,19 @@ pub struct ValidationConfig {
     pub require_schema: bool,
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
+/// `Debug` (in `config::status_token`) hides the status page's token.
+#[derive(Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     /// Address of the Prometheus endpoint (`/metrics`), e.g. "0.0.0.0:9187"; unset: disabled.
     #[serde(default)]
     pub listen: Option<String>,
+    /// Bearer token protecting the status page (`/`, `/status.json`); unset: open.
+    #[serde(default)]
+    pub status_token: Option<String>,
+    /// A file holding `status_token` (a mounted secret); read at start-up.
+    #[serde(default)]
+    pub status_token_file: Option<std::path::PathBuf>,
 }
 
 /// `Debug` (in `config::secrets`) hides the DSN's password and `password`.

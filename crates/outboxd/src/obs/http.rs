@@ -1,4 +1,5 @@
-//! The HTTP listener serving `/metrics`, `/healthz` and `/readyz`.
+//! The HTTP listener serving `/metrics`, `/healthz` and `/readyz`, and the status page (`/`,
+//! `/status.json`: `obs::status`).
 //!
 //! Anyone who reaches the port can open connections, and every connection costs a file
 //! descriptor the relay shares: it needs descriptors for each Postgres and broker (re)connection.
@@ -11,7 +12,7 @@
 //! - a failing `accept` (out of descriptors) backs off exponentially instead of retrying at once,
 //!   and is logged at most every [`WARN_EVERY`].
 
-use super::{Health, Observed};
+use super::Observed;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Request, Response, StatusCode};
@@ -130,7 +131,7 @@ async fn connection(
 ) {
     let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         let (prom, observed) = (prom.clone(), observed.clone());
-        async move { Ok::<_, std::convert::Infallible>(route(&req, &prom, &observed.health)) }
+        async move { Ok::<_, std::convert::Infallible>(route(&req, &prom, &observed)) }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -152,8 +153,13 @@ async fn connection(
 fn route(
     req: &Request<hyper::body::Incoming>,
     prom: &PrometheusHandle,
-    health: &Health,
+    observed: &Observed,
 ) -> Response<Full<Bytes>> {
+    // The status page: `/`, `/status.json`, and every method but GET and HEAD refused.
+    if let Some(r) = super::status::serve::respond(req, observed) {
+        return r;
+    }
+    let health = &observed.health;
     let (status, body) = match req.uri().path() {
         "/metrics" => (StatusCode::OK, prom.render()),
         "/healthz" => (StatusCode::OK, "ok\n".to_string()),

@@ -8,6 +8,7 @@
 pub(crate) mod errors;
 mod http;
 pub(crate) mod labels;
+pub(crate) mod status;
 pub(crate) mod status_row;
 pub(crate) mod view;
 pub(crate) mod watch;
@@ -261,6 +262,8 @@ pub struct Observed {
     /// relay's later sessions park them again without sending them (`relay/kafka/txn.rs`)
     /// instead of aborting their neighbours' transaction in every session.
     pub refused_in_txn: std::sync::Mutex<std::collections::HashMap<String, (&'static str, String)>>,
+    /// What the status page (`GET /`, `/status.json`) shows of this relay.
+    pub status: status::Board,
 }
 
 impl Health {

@@ -49,6 +49,8 @@ pub struct Watch {
     started: Instant,
     /// An acknowledgement moved the slot in this session (the broker path works end to end).
     delivered: bool,
+    /// Deliveries not yet handed to the status page (at the next tick).
+    relayed: u64,
 }
 
 impl Watch {
@@ -84,6 +86,7 @@ impl Watch {
             oldest_age: 0.0,
             started: now,
             delivered: false,
+            relayed: 0,
         }
     }
 
@@ -101,6 +104,7 @@ impl Watch {
     /// confirmable LSN moved, so the broker path works end to end.
     pub fn on_stream_ack(&mut self, delivered: bool, advanced: bool) {
         self.ack_seen |= delivered;
+        self.relayed += u64::from(delivered);
         self.delivered |= advanced;
     }
 
@@ -194,7 +198,9 @@ impl Watch {
         self.pending.set(v.in_flight.events() as f64);
         self.pending_bytes.set(v.in_flight.bytes() as f64);
         self.confirmed.set(v.in_flight.confirmed() as f64);
-        self.oldest_ages(&v.in_flight.oldest_pending());
+        let oldest = v.in_flight.oldest_pending();
+        self.oldest_ages(&oldest);
+        v.observed.status.relayed(std::mem::take(&mut self.relayed));
         if let Some((at, _)) = self.last_hb {
             self.hb_age.set(at.elapsed().as_secs_f64());
         }
@@ -228,8 +234,9 @@ impl Watch {
         v.host.still_follows(v.sql).await?;
         if now >= self.next_slot_poll {
             self.next_slot_poll = now + Duration::from_secs(5);
-            self.slot_health(&v).await?;
+            let lag_bytes = self.slot_health(&v).await?;
             self.write_status(&v).await?;
+            self.status_page(&v, lag_bytes, &oldest);
         }
         Ok(())
     }
@@ -290,7 +297,29 @@ impl Watch {
         }
     }
 
-    async fn slot_health(&mut self, v: &View<'_>) -> Result<(), RelayError> {
+    /// One sample for the status page: position, lag, per-type ages (and a point of its chart).
+    fn status_page(&self, v: &View<'_>, lag_bytes: Option<f64>, oldest: &HashMap<String, i64>) {
+        let now = now_us();
+        let lag_seconds = if v.in_flight.events() > 0 {
+            self.oldest_age
+        } else {
+            self.last_hb.map(|(_, d)| d).unwrap_or(0.0)
+        };
+        v.observed.status.sample(crate::obs::status::Sample {
+            confirmed_lsn: crate::model::lsn::fmt_lsn(v.in_flight.confirmed()),
+            lag_bytes,
+            lag_seconds,
+            pending_events: v.in_flight.events() as u64,
+            pending_bytes: v.in_flight.bytes() as u64,
+            oldest: oldest
+                .iter()
+                .map(|(t, c)| (t.clone(), (now - c).max(0) as f64 / 1e6))
+                .collect(),
+        });
+    }
+
+    /// Slot gauges from SQL; the lag in bytes (`None`: no such slot).
+    async fn slot_health(&mut self, v: &View<'_>) -> Result<Option<f64>, RelayError> {
         // Lags count from the primary's WAL end; on a standby, the slot's retained WAL from its
         // own replay position (`pg_current_wal_lsn` fails during recovery).
         let row = if v.separate {
@@ -325,8 +354,9 @@ impl Watch {
                 )
                 .await?
         };
-        let Some(row) = row else { return Ok(()) };
-        metrics::gauge!(obs::SLOT_LAG_BYTES).set(row.get::<_, Option<f64>>(0).unwrap_or(0.0));
+        let Some(row) = row else { return Ok(None) };
+        let lag = row.get::<_, Option<f64>>(0).unwrap_or(0.0);
+        metrics::gauge!(obs::SLOT_LAG_BYTES).set(lag);
         metrics::gauge!(obs::SLOT_RETAINED_WAL_BYTES)
             .set(row.get::<_, Option<f64>>(1).unwrap_or(0.0));
         if let Some(safe) = row.get::<_, Option<f64>>(3) {
@@ -341,7 +371,7 @@ impl Watch {
             };
             metrics::gauge!(obs::SLOT_WAL_STATUS, "status" => s).set(v);
         }
-        Ok(())
+        Ok(Some(lag))
     }
 
     async fn write_status(&mut self, v: &View<'_>) -> Result<(), RelayError> {

@@ -16,6 +16,7 @@ pub(crate) mod route;
 pub(crate) mod slot_host;
 pub(crate) mod source;
 pub(crate) mod stages;
+pub(crate) mod status_feed;
 pub(crate) mod table_reader;
 pub(crate) mod tap;
 pub(crate) mod tls;

@@ -183,6 +183,13 @@ impl Stages {
     pub async fn repair_tick(&mut self, producer: &Producer) -> Result<(), RelayError> {
         let stats = self.poison.repair_tick(&self.sql, producer).await?;
         self.watch.parked_gauges(&stats, &self.observed.labels);
+        if self.observed.status.parked_due() {
+            let count = stats.iter().map(|s| s.2).sum();
+            let rows = crate::poison::store::operator::list(&self.sql, &self.slot, false).await?;
+            self.observed
+                .status
+                .parked(count, crate::relay::status_feed::parked(rows));
+        }
         Ok(())
     }
 

@@ -226,6 +226,8 @@ pub struct Fence {
     poll: Duration,
     sql: Option<(Client, SlotHost)>,
     suspect: Option<Suspect>,
+    /// The holder's instance as its last beat names it (for the status page).
+    holder: Option<String>,
 }
 
 impl Fence {
@@ -235,7 +237,13 @@ impl Fence {
             poll: Duration::from_millis(cfg.relay.standby_poll_ms),
             sql: None,
             suspect: None,
+            holder: None,
         }
+    }
+
+    /// The instance holding the slot, as its beats name it (`None`: not looked at yet).
+    pub fn holder(&self) -> Option<String> {
+        self.holder.clone()
     }
 
     /// The session found the slot busy: look at the holder, fence it if it went silent, and
@@ -274,6 +282,7 @@ impl Fence {
         let Some(l) = bounded(status_row::liveness(sql, host, slot)).await? else {
             return Ok(None);
         };
+        self.holder = l.instance.clone();
         match look(&l, self.suspect.as_ref(), self.after, Instant::now()) {
             Look::Free => {
                 self.suspect = None;

@@ -36,6 +36,7 @@ pub async fn run_observed(
     // `cleanup.every`: beside the sessions, ended with them (aborted on drop).
     let _cleanup = crate::cleanup::spawn(&cfg, shutdown.clone()).map(AbortOnDrop);
     let mut shadow: Option<(crate::relay::tap::Tap, AbortOnDrop)> = None;
+    observed.status.configure(&cfg);
     loop {
         if *shutdown.borrow() {
             return Ok(());
@@ -73,6 +74,10 @@ pub async fn run_observed(
             fence.reset();
         }
         observed.errors.restart(policy.class);
+        if policy.retry != Retry::StandBy {
+            let message = cfg.redactor.scrub(&err.to_string());
+            observed.status.error(policy.class, &message, policy.fix);
+        }
         metrics::gauge!(obs::ROLE_ACTIVE).set(0.0);
         let health = &observed.health;
         health
@@ -87,7 +92,18 @@ pub async fn run_observed(
         let wait = match policy.retry {
             // A standby polls at a steady pace so it can take over quickly.
             // Sooner when the holder went silent: a second look, or the slot right after a fence.
-            Retry::StandBy => fence.standby_wait(&cfg).await,
+            Retry::StandBy => {
+                // The status page names the holder: its instance once the fence looked at its
+                // beats, until then its walsender.
+                let walsender = match &err {
+                    RelayError::SlotBusy { pid, .. } => Some(format!("walsender PID {pid}")),
+                    _ => None,
+                };
+                observed.status.holder(fence.holder().or(walsender.clone()));
+                let wait = fence.standby_wait(&cfg).await;
+                observed.status.holder(fence.holder().or(walsender));
+                wait
+            }
             Retry::Halt => max,
             Retry::Backoff | Retry::Stop => jitter(backoff),
         };

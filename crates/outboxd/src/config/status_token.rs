@@ -1,0 +1,83 @@
+//! `[metrics] status_token`: the bearer token of the status page (`/`, `/status.json`), from
+//! the file, `OUTBOXD_METRICS_STATUS_TOKEN` or `status_token_file` (a mounted secret). The
+//! page shows the relay's configuration and parked events: on a listener reachable by more
+//! than the operators, it is protected; `/metrics` and the probes never are (scrapers and
+//! kubelets carry no token).
+
+use crate::config::{ConfigError, MetricsConfig};
+
+/// Fewest characters of a token: a short one is guessed by anyone who can reach the port.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+impl std::fmt::Debug for MetricsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsConfig")
+            .field("listen", &self.listen)
+            .field(
+                "status_token",
+                &self
+                    .status_token
+                    .as_ref()
+                    .map(|_| crate::config::secrets::REDACTED),
+            )
+            .field("status_token_file", &self.status_token_file)
+            .finish()
+    }
+}
+
+/// Reads `status_token_file` into `status_token` (one trailing newline dropped) and checks the
+/// token: both set, empty or short is a start-up error naming the fix.
+pub fn load_file(m: &mut MetricsConfig) -> Result<(), ConfigError> {
+    if let Some(path) = m.status_token_file.take() {
+        if m.status_token.is_some() {
+            return Err(ConfigError::Invalid(
+                "metrics.status_token and metrics.status_token_file are both set: keep one".into(),
+            ));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            ConfigError::Invalid(format!(
+                "metrics.status_token_file = {path:?}: cannot read it: {e}"
+            ))
+        })?;
+        let t = text.strip_suffix('\n').unwrap_or(&text);
+        m.status_token = Some(t.strip_suffix('\r').unwrap_or(t).to_string());
+    }
+    if let Some(t) = &m.status_token {
+        if t.trim().len() < MIN_TOKEN_LEN || t.chars().any(|c| c.is_whitespace()) {
+            return Err(ConfigError::Invalid(format!(
+                "metrics.status_token: use at least {MIN_TOKEN_LEN} characters without spaces \
+                 (e.g. `openssl rand -hex 24`), or remove it to leave the status page open"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_is_checked_read_from_its_file_and_never_printed() {
+        let mut m = MetricsConfig {
+            status_token: Some("short".into()),
+            ..Default::default()
+        };
+        assert!(load_file(&mut m).unwrap_err().to_string().contains("16"));
+        let dir = std::env::temp_dir().join(format!("status-token-{}", std::process::id()));
+        std::fs::write(&dir, "0123456789abcdef0123\n").unwrap();
+        let mut m = MetricsConfig {
+            status_token_file: Some(dir.clone()),
+            ..Default::default()
+        };
+        load_file(&mut m).unwrap();
+        assert_eq!(m.status_token.as_deref(), Some("0123456789abcdef0123"));
+        assert!(!format!("{m:?}").contains("0123456789"));
+        m.status_token_file = Some(dir.clone());
+        assert!(load_file(&mut m)
+            .unwrap_err()
+            .to_string()
+            .contains("keep one"));
+        let _ = std::fs::remove_file(dir);
+    }
+}
