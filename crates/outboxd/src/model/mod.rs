@@ -5,6 +5,7 @@
 //! stream (`stream`: `DecodeError`, `ProtocolError`). It imports nothing of the crate above it:
 //! `config` parses into these types, `error` wraps their errors, the stages use them.
 
+pub(crate) mod cloudevents;
 pub(crate) mod columns;
 pub(crate) mod lsn;
 pub(crate) mod record;
