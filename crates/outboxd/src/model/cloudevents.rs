@@ -152,6 +152,11 @@ pub struct CloudEvents {
     pub registered: HashSet<(String, String)>,
 }
 
+/// The header of a parked CloudEvent holding its raw `created_at` (a parked CloudEvent is
+/// stored in outboxd's own form, see `relay::route::Event::parked_record`); never sent, and
+/// not one of the row's headers when a parked copy is compared with its row.
+pub const CREATED_AT_HEADER: &str = "outboxd_ce_created_at";
+
 /// The attribute and extension names outboxd sets itself: a row header may not take them.
 pub const OWN: &[&str] = &[
     "specversion",

@@ -29,9 +29,7 @@ pub struct Ce<'a> {
     pub created_at: Option<&'a str>,
 }
 
-/// The header of a parked CloudEvent holding its raw `created_at` (see
-/// [`super::Event::parked_record`]); never sent.
-pub const CREATED_AT_HEADER: &str = "outboxd_ce_created_at";
+pub use crate::model::cloudevents::CREATED_AT_HEADER;
 
 /// The structured mode's `content-type` (the binding's).
 pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=UTF-8";
