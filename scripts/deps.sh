@@ -163,6 +163,11 @@ if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
   echo "installing kubernetes-validate (PyPI)..." >&2
   python3 -m pip install --quiet kubernetes-validate==1.37.0 >&2
 fi
+# The CloudEvents SDK that decodes outboxd's CloudEvents in tests/tests/cloudevents.rs.
+if [ "$(python3 -c 'import cloudevents; print(cloudevents.__version__)' 2>/dev/null)" != 2.2.0 ]; then
+  echo "installing cloudevents 2.2.0 (PyPI; the CloudEvents SDK for tests/tests/cloudevents.rs)..." >&2
+  python3 -m pip install --quiet cloudevents==2.2.0 >&2
+fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "installing systemd (apt; for systemd-analyze)..." >&2
   export DEBIAN_FRONTEND=noninteractive

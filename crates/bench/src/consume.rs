@@ -17,7 +17,7 @@
 use anyhow::{bail, Result};
 use outboxd_testkit::kafka::{assign_all, StartAt};
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use std::collections::hash_map::{Entry, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,10 +54,7 @@ impl Stamp {
     fn read(self, m: &rdkafka::message::BorrowedMessage<'_>) -> Option<(i64, f64)> {
         match self {
             Self::Record => {
-                let version = m
-                    .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == "aggregate_version"))
-                    .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse::<i64>().ok())?;
+                let version = crate::ce::aggregate_version(m)?;
                 Some((version, m.timestamp().to_millis()? as f64))
             }
             Self::RowJson => row_json_stamp(m.payload()?),

@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use outboxd_testkit::kafka::{assign_all_of, StartAt};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::ClientConfig;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -133,10 +133,7 @@ impl Pass {
                 .entry((m.topic().to_string(), m.partition()))
                 .or_insert((0, -1));
             *at = (at.0 + 1, at.1.max(m.offset()));
-            let version = m
-                .headers()
-                .and_then(|h| h.iter().find(|h| h.key == "aggregate_version"))
-                .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse::<i64>().ok());
+            let version = crate::ce::aggregate_version(&m);
             let Some(version) = version else {
                 bail!("record without aggregate_version on {topic}");
             };

@@ -1,7 +1,8 @@
 //! [`Envelope`]: a Kafka record produced by outboxd, parsed back into the outbox row it came
 //! from. The wire contract: key = `aggregate_id`, value = payload JSON, timestamp = the outbox
 //! row's `created_at`, string headers `event_id`, `event_type`, `aggregate_type`,
-//! `aggregate_id`, `aggregate_version`, `schema_version` plus the row's extra headers.
+//! `aggregate_id`, `aggregate_version`, `schema_version` plus the row's extra headers. Records
+//! in outboxd's CloudEvents format are read too (`cloudevent`).
 
 use std::collections::BTreeMap;
 
@@ -67,6 +68,10 @@ impl Envelope {
     /// Parses a record. A missing `event_id` (or any protocol header) is an error, never a
     /// record to skip: without it the consumer cannot deduplicate (R2, R18).
     pub fn from_message<M: Message>(msg: &M) -> Result<Self, EnvelopeError> {
+        // outboxd's CloudEvents format (either content mode): deduplicated on the `id`.
+        if let Some(ce) = crate::cloudevent::parse(msg) {
+            return ce;
+        }
         let mut protocol: [Option<String>; 6] = Default::default();
         let mut headers = BTreeMap::new();
         if let Some(hs) = msg.headers() {

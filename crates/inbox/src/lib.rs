@@ -22,6 +22,7 @@
 //! - [`error`]: [`InboxError`], [`HandlerError`], [`ConflictKind`].
 //! - `db`: the SQL; [`SCHEMA_SQL`] / [`migrate`]: `sql/020_inbox.sql`.
 
+mod cloudevent;
 pub mod consumer;
 mod db;
 pub mod envelope;

@@ -133,12 +133,28 @@ pub struct Opts {
     /// `outboxd-bench-relay` of the commit before a change.
     #[arg(long)]
     pub variant_bin: Option<PathBuf>,
+    /// The variant writes CloudEvents in this content mode (`binary` or `structured`): the
+    /// cost of `[sink] format = "cloudevents"` against plain records in one run (issue 42).
+    /// Shorthand for `--variant-env OUTBOXD_SINK_FORMAT=cloudevents
+    /// --variant-env OUTBOXD_SINK_CLOUDEVENTS_MODE=<mode>`.
+    #[arg(long, value_parser = ["binary", "structured"])]
+    pub cloudevents: Option<String>,
 }
 
 impl Opts {
     /// Is there an "outboxd (variant)" contestant?
     pub(crate) fn has_variant(&self) -> bool {
         !self.variant_env.is_empty() || self.variant_bin.is_some()
+    }
+
+    /// `--cloudevents` as the variant's environment.
+    fn apply_cloudevents(&mut self) {
+        if let Some(mode) = &self.cloudevents {
+            self.variant_env
+                .push("OUTBOXD_SINK_FORMAT=cloudevents".into());
+            self.variant_env
+                .push(format!("OUTBOXD_SINK_CLOUDEVENTS_MODE={mode}"));
+        }
     }
 
     fn apply_smoke(&mut self) {
@@ -191,6 +207,7 @@ pub(crate) fn log(msg: impl AsRef<str>) {
 /// Runs the whole benchmark and returns the report.
 pub async fn run(mut o: Opts, command: String) -> Result<Report> {
     o.apply_smoke();
+    o.apply_cloudevents();
     if o.tx_sizes.is_empty() || o.runs == 0 || o.latency_runs == 0 || o.events == 0 {
         bail!("--tx-sizes, --runs, --latency-runs and --events must be non-empty/positive");
     }

@@ -106,6 +106,11 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bo
             sub_table(table, "kafka")?,
             rest["kafka_".len()..].replace('_', "."),
         )
+    } else if section == "sink" && rest.starts_with("cloudevents_") {
+        (
+            sub_table(table, "cloudevents")?,
+            rest["cloudevents_".len()..].to_string(),
+        )
     } else if section == "source" && (rest == "tables" || rest.starts_with("tables_")) {
         return Err(invalid(format!(
             "OUTBOXD_{key}: source.tables (a list of tables) cannot be set from the environment; \

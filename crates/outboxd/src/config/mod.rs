@@ -6,6 +6,7 @@
 
 pub(crate) mod alerts;
 pub(crate) mod cleanup;
+pub(crate) mod cloudevents;
 mod load;
 pub(crate) mod oidc;
 pub(crate) mod parked;
@@ -260,6 +261,12 @@ pub struct SinkConfig {
     /// librdkafka properties, verbatim.
     #[serde(default)]
     pub kafka: BTreeMap<String, String>,
+    /// `outbox` (default: today's records) or `cloudevents` (issue 42).
+    #[serde(default)]
+    pub format: cloudevents::Format,
+    /// `[sink.cloudevents]`: used with `format = "cloudevents"`.
+    #[serde(default)]
+    pub cloudevents: cloudevents::CloudEventsConfig,
 }
 
 impl Default for SinkConfig {
@@ -267,6 +274,8 @@ impl Default for SinkConfig {
         Self {
             topic: d_topic(),
             kafka: BTreeMap::new(),
+            format: Default::default(),
+            cloudevents: Default::default(),
         }
     }
 }

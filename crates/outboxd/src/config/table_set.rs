@@ -46,6 +46,17 @@ impl Config {
     /// Pattern entries are not tables: a session adds the tables they match
     /// ([`Config::with_discovered`]).
     pub fn tables(&self) -> Vec<tables::OutboxTable> {
+        let mut all = self.tables_plain();
+        // CloudEvents settings per table (errors are reported by validation at startup).
+        for t in &mut all {
+            let dir = t.validation.schema_dir.as_deref();
+            t.columns.cloudevents =
+                super::cloudevents::for_table(self, &t.schema, &t.name, dir).unwrap_or(None);
+        }
+        all
+    }
+
+    fn tables_plain(&self) -> Vec<tables::OutboxTable> {
         if self.source.tables.is_empty() {
             let (schema, name) = self.table_name();
             return vec![tables::OutboxTable {

@@ -220,6 +220,10 @@ impl Config {
         s.columns.resolve()?;
         crate::model::tls::validate(s.tls()).map_err(invalid)?;
         crate::model::topic::TopicTemplate::parse(&self.sink.topic)?;
+        for t in self.tables() {
+            let dir = t.validation.schema_dir.as_deref();
+            super::cloudevents::for_table(self, &t.schema, &t.name, dir)?;
+        }
         if !self.sink.kafka.contains_key("bootstrap.servers") {
             return Err(invalid(
                 "sink.kafka.\"bootstrap.servers\" is required (or env OUTBOXD_SINK_KAFKA_BOOTSTRAP_SERVERS)",

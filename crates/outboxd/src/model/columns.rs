@@ -26,6 +26,10 @@ pub struct Columns {
     /// connector config, or from the environment) or given as a list of strings.
     #[serde(default, deserialize_with = "entries")]
     pub additional: Vec<String>,
+    /// The table's CloudEvents settings (`[sink] format = "cloudevents"`), filled in by
+    /// `Config::tables`, never read from `[source.columns]`.
+    #[serde(skip)]
+    pub cloudevents: Option<Arc<super::cloudevents::CloudEvents>>,
 }
 
 /// One comma-separated string or a list of strings (each may hold commas too): the entries,
@@ -63,6 +67,7 @@ impl Default for Columns {
             headers: None,
             created_at: None,
             additional: Vec::new(),
+            cloudevents: None,
         }
     }
 }
@@ -96,6 +101,8 @@ pub struct ColumnNames {
     pub debezium_nulls: bool,
     /// Columns copied into headers (`[source.columns] additional`), in the configured order.
     pub additional: Vec<Placement>,
+    /// Records are CloudEvents with these settings (`None`: outboxd's own records).
+    pub cloudevents: Option<Arc<super::cloudevents::CloudEvents>>,
 }
 
 /// One `column:header[:name]` entry of `additional`: the column's value goes into header
@@ -211,6 +218,7 @@ impl Columns {
                 id_header: false,
                 debezium_nulls: false,
                 additional: Vec::new(),
+                cloudevents: self.cloudevents.clone(),
             },
             Preset::Debezium => ColumnNames {
                 event_id: "id".into(),
@@ -225,6 +233,7 @@ impl Columns {
                 id_header: true,
                 debezium_nulls: true,
                 additional: Vec::new(),
+                cloudevents: self.cloudevents.clone(),
             },
         };
         let required = [

@@ -6,6 +6,7 @@
 //! (`publication`). It imports nothing of the crate above it:
 //! `config` parses into these types, `error` wraps their errors, the stages use them.
 
+pub(crate) mod cloudevents;
 pub(crate) mod columns;
 pub(crate) mod lsn;
 pub(crate) mod publication;

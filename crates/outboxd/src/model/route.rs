@@ -53,6 +53,12 @@ pub enum RouteError {
     /// the value may be personal data).
     #[error("column `{column}` (header `{header}`) holds text that is not Postgres's output for its type; the header cannot be written as Debezium writes it")]
     BadHeaderValue { column: String, header: String },
+    /// `[sink] format = "cloudevents"`: the row cannot be a CloudEvent (issue 42).
+    #[error("the event cannot be written as a CloudEvent: {0}")]
+    CloudEvent(String),
+    /// `[sink] format = "cloudevents"`: a row header would shadow a CloudEvents attribute.
+    #[error("headers column sets `{0}`, which a CloudEvent carries as an attribute (ce_* and content-type headers, and the attribute names outboxd sets: specversion, id, source, type, subject, time, datacontenttype, dataschema, data, data_base64, partitionkey, aggregatetype, aggregateversion, schemaversion); rename the header")]
+    CloudEventHeader(String),
 }
 
 /// The header names outboxd sets itself, from the row's columns: the wire contract, the same
@@ -80,7 +86,8 @@ impl RouteError {
     /// The poison class of a row that cannot be routed (`outbox_parked.error_class`, metrics).
     pub fn class(&self) -> &'static str {
         match self {
-            Self::ReservedHeader(_) => "reserved_header",
+            Self::ReservedHeader(_) | Self::CloudEventHeader(_) => "reserved_header",
+            Self::CloudEvent(_) => "invalid_event",
             Self::MissingColumn { .. }
             | Self::NullField(_)
             | Self::NotUtf8(_)

@@ -185,6 +185,7 @@ fn compare(names: &ColumnNames, tag: Option<&str>, r: &Release, cols: &[Option<S
         is_reserved_header(k)
             || names.id_header && k.eq_ignore_ascii_case("id")
             || tag.is_some() && k == SOURCE_TABLE_HEADER
+            || k == crate::model::cloudevents::CREATED_AT_HEADER
     };
     let mut stored: Vec<(String, String)> = rec
         .headers

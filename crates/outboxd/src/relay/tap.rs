@@ -57,7 +57,7 @@ pub fn record_of(e: &Event<'_>, topic: &str) -> Rec {
         event_type: e.type_or_empty().to_string(),
         topic: topic.to_string(),
         key: e.aggregate_id.map(|k| k.as_bytes().to_vec()),
-        value: (!e.tombstone).then(|| e.payload.to_vec()),
+        value: (!e.tombstone).then(|| e.value().into_owned()),
         headers,
     }
 }

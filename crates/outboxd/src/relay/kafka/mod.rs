@@ -380,10 +380,12 @@ impl Producer {
             record = record.key(k.as_bytes());
         }
         // A tombstone has no value at all (null), not an empty one.
+        // The payload, or the CloudEvents envelope (structured mode).
+        let value = e.value();
         let record = if e.tombstone {
             record
         } else {
-            record.payload(e.payload)
+            record.payload(&*value)
         };
         self.enqueue(record, e.created_at_ms, origin, e.event_id, || {
             e.parked_record(Some(topic))

@@ -236,6 +236,7 @@ proptest! {
             created_at_ms: None,
             id_header: true,
             additional: vec![("tenant".into(), None), ("Traceparent".into(), Some("x".into()))],
+            ce: None,
         };
         let _ = e.for_each_header(|_, _| {});
         let _ = e.parked_record(Some("t"));

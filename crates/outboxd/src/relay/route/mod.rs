@@ -5,6 +5,7 @@
 //! definite error raised before anything past it is produced or confirmed.
 
 mod additional;
+pub(crate) mod cloudevents;
 pub(crate) mod release;
 mod time;
 
@@ -36,6 +37,8 @@ pub struct RowMapping {
     debezium_nulls: bool,
     /// Columns placed into headers, in the configured order.
     additional: Vec<Placed>,
+    /// Records are CloudEvents (`[sink] format = "cloudevents"`).
+    cloudevents: Option<Arc<crate::model::cloudevents::CloudEvents>>,
 }
 
 /// One column of `[source.columns] additional`, resolved against the Relation.
@@ -127,6 +130,7 @@ impl RowMapping {
             id_header: names.id_header,
             debezium_nulls: names.debezium_nulls,
             additional,
+            cloudevents: names.cloudevents.clone(),
             event_id: req(&names.event_id, "event_id")?,
             aggregate_type: req(&names.aggregate_type, "aggregate_type")?,
             aggregate_id: req(&names.aggregate_id, "aggregate_id")?,
@@ -201,6 +205,13 @@ impl RowMapping {
             created_at_ms: opt_text(self.created_at, "created_at")?.and_then(parse_timestamptz_ms),
             id_header: self.id_header,
             additional,
+            ce: match &self.cloudevents {
+                Some(spec) => Some(cloudevents::Ce {
+                    spec: spec.clone(),
+                    created_at: opt_text(self.created_at, "created_at")?,
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -255,6 +266,8 @@ pub struct Event<'a> {
     /// Headers from `[source.columns] additional`, in order: name and text (`None`: NULL, a
     /// header without a value).
     pub additional: Vec<(Arc<str>, Option<Cow<'a, str>>)>,
+    /// `Some`: the record is a CloudEvent (`relay/route/cloudevents`).
+    pub ce: Option<cloudevents::Ce<'a>>,
 }
 
 impl Event<'_> {
@@ -263,8 +276,30 @@ impl Event<'_> {
         self.event_type.unwrap_or("")
     }
 
-    /// The record exactly as it is produced to `topic` (`None`: it cannot be routed), to park it.
+    /// The record to park: as it is produced to `topic` (`None`: it cannot be routed). A
+    /// CloudEvent is parked in outboxd's own form plus its raw `created_at`
+    /// ([`cloudevents::CREATED_AT_HEADER`]), so a release rebuilds the identical CloudEvent
+    /// through the router (`release::rebuild`) instead of wrapping an envelope twice.
     pub fn parked_record(&self, topic: Option<&str>) -> crate::poison::record::ParkedRecord {
+        match &self.ce {
+            None => self.wire_record(topic),
+            Some(ce) => {
+                let plain = Event {
+                    ce: None,
+                    ..self.clone()
+                };
+                let mut r = plain.wire_record(topic);
+                if let Some(t) = ce.created_at {
+                    r.headers
+                        .push((cloudevents::CREATED_AT_HEADER.into(), Some(t.to_string())));
+                }
+                r
+            }
+        }
+    }
+
+    /// The record exactly as it is produced to `topic`.
+    pub fn wire_record(&self, topic: Option<&str>) -> crate::poison::record::ParkedRecord {
         let mut headers = Vec::new();
         let _ = self.for_each_header(|k, v| {
             headers.push((
@@ -280,7 +315,7 @@ impl Event<'_> {
             event_type: self.event_type.map(str::to_string),
             topic: topic.map(str::to_string),
             key: self.aggregate_id.map(|a| a.as_bytes().to_vec()),
-            payload: (!self.tombstone).then(|| self.payload.to_vec()),
+            payload: (!self.tombstone).then(|| self.value().into_owned()),
             headers,
             timestamp_ms: self.created_at_ms,
         }
@@ -295,6 +330,9 @@ impl Event<'_> {
         &self,
         mut f: impl FnMut(&str, Option<&[u8]>),
     ) -> Result<(), RouteError> {
+        if let Some(ce) = &self.ce {
+            return cloudevents::for_each_header(self, ce, f);
+        }
         f("event_id", Some(self.event_id.as_bytes()));
         if let Some(t) = self.event_type {
             f("event_type", Some(t.as_bytes()));
@@ -338,6 +376,16 @@ impl Event<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The record's value: the payload, or the CloudEvents envelope in structured mode. The
+    /// stage checked the row with [`Event::for_each_header`] first (same checks), so a failed
+    /// envelope cannot occur here; the payload stands in should it ever.
+    pub fn value(&self) -> Cow<'_, [u8]> {
+        match self.ce.as_ref().map(|ce| cloudevents::envelope(self, ce)) {
+            Some(Ok(Some(v))) => Cow::Owned(v),
+            _ => Cow::Borrowed(self.payload),
+        }
     }
 
     /// Approximate bytes this record holds in the producer (for the in-flight byte bound).

@@ -71,7 +71,10 @@ pub fn rebuild(
         .headers
         .iter()
         .filter(|(k, _)| {
-            !(is_reserved_header(k) || id_header && k.eq_ignore_ascii_case("id") || placed(k))
+            !(is_reserved_header(k)
+                || id_header && k.eq_ignore_ascii_case("id")
+                || placed(k)
+                || k == super::cloudevents::CREATED_AT_HEADER)
         })
         .filter_map(|(k, v)| Some((k.clone(), serde_json::Value::String(v.clone()?))))
         .collect();
@@ -90,9 +93,24 @@ pub fn rebuild(
         created_at_ms: stored.timestamp_ms,
         id_header,
         additional,
+        // A CloudEvent again, its `time` from the raw `created_at` parked with it.
+        ce: names
+            .cloudevents
+            .clone()
+            .map(|spec| super::cloudevents::Ce {
+                spec,
+                created_at: stored
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k == super::cloudevents::CREATED_AT_HEADER)
+                    .and_then(|(_, v)| v.as_deref()),
+            }),
     };
     topic.render(event.aggregate_type, event.event_type, buf)?;
-    Ok((event.parked_record(Some(buf)), schema_version))
+    if event.ce.is_some() {
+        event.for_each_header(|_, _| {})?;
+    }
+    Ok((event.wire_record(Some(buf)), schema_version))
 }
 
 #[cfg(test)]

@@ -1,0 +1,195 @@
+//! `[sink] format` and `[sink.cloudevents]` (issue 42): records as CloudEvents 1.0 per the
+//! Kafka protocol binding, for consumers built on a CloudEvents SDK. The default format,
+//! `outbox`, leaves every record exactly as before (the Debezium drop-in stays byte-identical).
+
+use crate::model::cloudevents::{check_uri_reference, CloudEvents, Mode, Template, Var};
+use crate::model::route::SettingError;
+use serde::Deserialize;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+/// What a record looks like on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// outboxd's own records: the payload as the value, the event's fields as headers.
+    #[default]
+    Outbox,
+    /// CloudEvents 1.0 (`[sink.cloudevents]`).
+    Cloudevents,
+}
+
+/// `[sink.cloudevents]`: the content mode and the attribute templates. Every table uses them;
+/// `{database}`, `{schema}` and `{table}` make them per table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CloudEventsConfig {
+    #[serde(default)]
+    pub mode: Mode,
+    /// The `type` attribute; `{aggregate_type}`, `{event_type}`, `{database}`, `{schema}`,
+    /// `{table}` are substituted.
+    #[serde(default = "d_type", rename = "type")]
+    pub type_: String,
+    /// The `source` attribute, a URI-reference; `{database}`, `{schema}`, `{table}`.
+    #[serde(default = "d_source")]
+    pub source: String,
+    /// The `dataschema` attribute of events whose JSON Schema is registered (a file
+    /// `<schema_dir>/<event_type>/<schema_version>.json`); `{event_type}`, `{schema_version}`
+    /// and the table's placeholders. Unset: `file://` + that schema file's path.
+    #[serde(default)]
+    pub dataschema: Option<String>,
+}
+
+fn d_type() -> String {
+    "{event_type}".into()
+}
+
+fn d_source() -> String {
+    "/outboxd/{database}/{schema}/{table}".into()
+}
+
+impl Default for CloudEventsConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::default(),
+            type_: d_type(),
+            source: d_source(),
+            dataschema: None,
+        }
+    }
+}
+
+const TYPE_VARS: &[(&str, Var)] = &[
+    ("aggregate_type", Var::AggregateType),
+    ("event_type", Var::EventType),
+];
+const SCHEMA_VARS: &[(&str, Var)] = &[
+    ("event_type", Var::EventType),
+    ("schema_version", Var::SchemaVersion),
+];
+
+impl CloudEventsConfig {
+    /// The settings of table `schema.table` in database `database`; `schema_dir` is the
+    /// table's `[validation] schema_dir` (its files are the registered schemas).
+    pub fn resolve(
+        &self,
+        database: &str,
+        schema: &str,
+        table: &str,
+        schema_dir: Option<&std::path::Path>,
+    ) -> Result<CloudEvents, SettingError> {
+        let fixed = [("database", database), ("schema", schema), ("table", table)];
+        let source = Template::parse("source", &self.source, &[], &fixed)?
+            .render(|_| None)
+            .unwrap_or_default();
+        check_uri_reference("source", &source)?;
+        let dir = schema_dir.map(|d| d.to_string_lossy().trim_end_matches('/').to_string());
+        let dataschema = match (&self.dataschema, &dir) {
+            (Some(t), _) => Some(Template::parse("dataschema", t, SCHEMA_VARS, &fixed)?),
+            (None, Some(d)) => Some(Template(vec![
+                crate::model::cloudevents::Part::Lit(format!("file://{d}/")),
+                crate::model::cloudevents::Part::Var(Var::EventType),
+                crate::model::cloudevents::Part::Lit("/".into()),
+                crate::model::cloudevents::Part::Var(Var::SchemaVersion),
+                crate::model::cloudevents::Part::Lit(".json".into()),
+            ])),
+            (None, None) => None,
+        };
+        Ok(CloudEvents {
+            mode: self.mode,
+            type_: Template::parse("type", &self.type_, TYPE_VARS, &fixed)?,
+            source,
+            dataschema,
+            registered: schema_dir.map(registered).unwrap_or_default(),
+        })
+    }
+}
+
+/// The (event type, schema version) pairs with a schema file: `<dir>/<type>/<version>.json`.
+/// An unreadable directory registers nothing (validation reports it on its own).
+fn registered(dir: &std::path::Path) -> HashSet<(String, String)> {
+    let mut out = HashSet::new();
+    let Ok(types) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for t in types.flatten() {
+        let Ok(files) = std::fs::read_dir(t.path()) else {
+            continue;
+        };
+        let ty = t.file_name().to_string_lossy().into_owned();
+        for f in files.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if let Some(v) = name.strip_suffix(".json") {
+                out.insert((ty.clone(), v.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// The database a DSN names, for `{database}` (libpq's default: the user's name).
+pub fn database_of(dsn: &str) -> String {
+    use std::str::FromStr;
+    let Ok(c) = tokio_postgres::Config::from_str(dsn) else {
+        return "postgres".into();
+    };
+    c.get_dbname()
+        .or(c.get_user())
+        .unwrap_or("postgres")
+        .to_string()
+}
+
+/// What the router needs of a table: `None` with the default format.
+pub fn for_table(
+    cfg: &super::Config,
+    schema: &str,
+    table: &str,
+    schema_dir: Option<&std::path::Path>,
+) -> Result<Option<Arc<CloudEvents>>, SettingError> {
+    if cfg.sink.format != Format::Cloudevents {
+        return Ok(None);
+    }
+    let db = database_of(&cfg.source.dsn);
+    cfg.sink
+        .cloudevents
+        .resolve(&db, schema, table, schema_dir)
+        .map(|c| Some(Arc::new(c)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_name_database_and_table() {
+        let c = CloudEventsConfig::default()
+            .resolve("app", "public", "outbox", None)
+            .unwrap();
+        assert_eq!(c.source, "/outboxd/app/public/outbox");
+        assert_eq!(c.mode, Mode::Binary);
+        assert!(c.dataschema.is_none());
+    }
+
+    #[test]
+    fn bad_templates_are_refused_with_the_setting_named() {
+        let c = CloudEventsConfig {
+            type_: "com.acme.{aggregate}".into(),
+            ..Default::default()
+        };
+        let e = c.resolve("app", "public", "outbox", None).unwrap_err();
+        assert!(e.0.contains("sink.cloudevents.type"), "{e}");
+        let c = CloudEventsConfig {
+            source: "/my source".into(),
+            ..Default::default()
+        };
+        let e = c.resolve("app", "public", "outbox", None).unwrap_err();
+        assert!(e.0.contains("not a URI-reference"), "{e}");
+    }
+
+    #[test]
+    fn database_from_either_dsn_form() {
+        assert_eq!(database_of("postgres://u@h:5432/shop"), "shop");
+        assert_eq!(database_of("host=/tmp dbname=app user=x"), "app");
+        assert_eq!(database_of("host=/tmp user=x"), "x");
+    }
+}
