@@ -383,7 +383,7 @@ impl Producer {
         let record = if e.tombstone {
             record
         } else {
-            record.payload(e.payload)
+            record.payload(&*e.payload)
         };
         self.enqueue(record, e.created_at_ms, origin, e.event_id, || {
             e.parked_record(Some(topic))

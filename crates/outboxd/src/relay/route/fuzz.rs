@@ -228,7 +228,7 @@ proptest! {
             aggregate_type: "a",
             aggregate_id: Some("1"),
             event_type: Some("T"),
-            payload: b"{}",
+            payload: std::borrow::Cow::Borrowed(b"{}"),
             tombstone: false,
             aggregate_version: None,
             schema_version: None,
@@ -236,6 +236,7 @@ proptest! {
             created_at_ms: None,
             id_header: true,
             additional: vec![("tenant".into(), None), ("Traceparent".into(), Some("x".into()))],
+            content_type: Some("application/x-protobuf".into()),
         };
         let _ = e.for_each_header(|_, _| {});
         let _ = e.parked_record(Some("t"));

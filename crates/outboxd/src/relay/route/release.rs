@@ -55,6 +55,8 @@ pub fn rebuild(
         .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
         .unwrap_or("1")
         .to_string();
+    // The table's content type is recomputed from the configuration, like the relay's headers.
+    let content_type = names.content_type.is_some();
     let placed = |k: &str| names.additional.iter().any(|p| &*p.header == k);
     let additional = names
         .additional
@@ -71,7 +73,10 @@ pub fn rebuild(
         .headers
         .iter()
         .filter(|(k, _)| {
-            !(is_reserved_header(k) || id_header && k.eq_ignore_ascii_case("id") || placed(k))
+            !(is_reserved_header(k)
+                || id_header && k.eq_ignore_ascii_case("id")
+                || placed(k)
+                || content_type && k.eq_ignore_ascii_case(super::CONTENT_TYPE_HEADER))
         })
         .filter_map(|(k, v)| Some((k.clone(), serde_json::Value::String(v.clone()?))))
         .collect();
@@ -82,7 +87,7 @@ pub fn rebuild(
         aggregate_type,
         aggregate_id,
         event_type,
-        payload,
+        payload: std::borrow::Cow::Borrowed(payload),
         tombstone: false,
         aggregate_version: version.as_deref(),
         schema_version: stored_version.map(|_| schema_version.as_str()),
@@ -90,6 +95,7 @@ pub fn rebuild(
         created_at_ms: stored.timestamp_ms,
         id_header,
         additional,
+        content_type: names.content_type.clone(),
     };
     topic.render(event.aggregate_type, event.event_type, buf)?;
     Ok((event.parked_record(Some(buf)), schema_version))
