@@ -15,6 +15,7 @@
 #     (crates.io, compiled once: ~3 min)
 #   - chromium (apt, with fonts-dejavu-core): the status page rendered in a real browser
 #     (tests/tests/status_page.rs, scripts/status-screenshot.sh)
+#   - confluent-kafka[avro,schemaregistry] 2.16.1 (PyPI): the bytea tests' Avro payloads
 # `scripts/deps.sh --demo` installs only what scripts/demo.sh needs: Postgres 15 and tansu.
 # Idempotent and quiet when everything is present. Prints the tansu path on the last line.
 set -euo pipefail
@@ -167,6 +168,12 @@ fi
 if [ "$(python3 -c 'import cloudevents; print(cloudevents.__version__)' 2>/dev/null)" != 2.2.0 ]; then
   echo "installing cloudevents 2.2.0 (PyPI; the CloudEvents SDK for tests/tests/cloudevents.rs)..." >&2
   python3 -m pip install --quiet cloudevents==2.2.0 >&2
+fi
+# The bytea tests' registry client (tests/py/avro_outbox.py: AvroSerializer/AvroDeserializer
+# against its MockSchemaRegistryClient).
+if [ "$(python3 -c 'import confluent_kafka, fastavro; print(confluent_kafka.__version__)' 2>/dev/null)" != "2.16.1" ]; then
+  echo "installing confluent-kafka[avro,schemaregistry] 2.16.1 (PyPI)..." >&2
+  python3 -m pip install --quiet "confluent-kafka[avro,schemaregistry]==2.16.1" >&2
 fi
 if ! command -v systemd-analyze >/dev/null 2>&1; then
   echo "installing systemd (apt; for systemd-analyze)..." >&2

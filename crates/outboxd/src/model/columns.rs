@@ -30,6 +30,10 @@ pub struct Columns {
     /// `Config::tables`, never read from `[source.columns]`.
     #[serde(skip)]
     pub cloudevents: Option<Arc<super::cloudevents::CloudEvents>>,
+    /// The payload's media type (e.g. `application/vnd.apache.avro+binary` for a bytea column
+    /// of registry-framed Avro), sent as header `content-type` on every record when set.
+    #[serde(default)]
+    pub content_type: Option<String>,
 }
 
 /// One comma-separated string or a list of strings (each may hold commas too): the entries,
@@ -68,6 +72,7 @@ impl Default for Columns {
             created_at: None,
             additional: Vec::new(),
             cloudevents: None,
+            content_type: None,
         }
     }
 }
@@ -103,6 +108,9 @@ pub struct ColumnNames {
     pub additional: Vec<Placement>,
     /// Records are CloudEvents with these settings (`None`: outboxd's own records).
     pub cloudevents: Option<Arc<super::cloudevents::CloudEvents>>,
+    /// `content_type`: the `content-type` header of every record (CloudEvents'
+    /// `datacontenttype`); `None`: no such header, as before.
+    pub content_type: Option<Arc<str>>,
 }
 
 /// One `column:header[:name]` entry of `additional`: the column's value goes into header
@@ -219,6 +227,7 @@ impl Columns {
                 debezium_nulls: false,
                 additional: Vec::new(),
                 cloudevents: self.cloudevents.clone(),
+                content_type: None,
             },
             Preset::Debezium => ColumnNames {
                 event_id: "id".into(),
@@ -234,6 +243,7 @@ impl Columns {
                 debezium_nulls: true,
                 additional: Vec::new(),
                 cloudevents: self.cloudevents.clone(),
+                content_type: None,
             },
         };
         let required = [
@@ -272,8 +282,30 @@ impl Columns {
             }
         }
         n.additional = placements(&self.additional, n.id_header)?;
+        n.content_type = content_type(self.content_type.as_deref())?;
         Ok(n)
     }
+}
+
+/// A media type as a header value: printable ASCII, no spaces at either end, not too long
+/// (`type/subtype` plus parameters; RFC 6838 names are at most 127 + 1 + 127 characters).
+fn content_type(v: Option<&str>) -> Result<Option<Arc<str>>, SettingError> {
+    let Some(v) = v else { return Ok(None) };
+    let ok = v.len() <= 255
+        && v.trim() == v
+        && v.bytes().all(|b| (0x20..0x7f).contains(&b))
+        && v.split(';').next().is_some_and(|t| {
+            let mut p = t.trim().splitn(2, '/');
+            matches!((p.next(), p.next()), (Some(a), Some(b)) if !a.is_empty() && !b.is_empty())
+        });
+    if !ok {
+        return Err(SettingError(format!(
+            "source.columns.content_type {v:?} is not a media type: write type/subtype in \
+             printable ASCII, e.g. \"application/vnd.apache.avro+binary\" or \
+             \"application/x-protobuf\" (or leave it unset for no content-type header)"
+        )));
+    }
+    Ok(Some(Arc::from(v)))
 }
 
 #[cfg(test)]
@@ -290,6 +322,22 @@ mod tests {
             .iter()
             .map(|p| (p.column.as_str(), &*p.header))
             .collect()
+    }
+
+    #[test]
+    fn content_type_is_a_media_type() {
+        let n = parse("content_type = \"application/vnd.apache.avro+binary\"").unwrap();
+        assert_eq!(
+            n.content_type.as_deref(),
+            Some("application/vnd.apache.avro+binary")
+        );
+        assert_eq!(parse("").unwrap().content_type, None);
+        for bad in ["", "avro", " a/b", "a/", "/b", "a/b\\u00e9", "a/b\\n"] {
+            let e = parse(&format!("content_type = \"{bad}\"")).unwrap_err();
+            assert!(e.contains("not a media type"), "{bad}: {e}");
+        }
+        let ok = parse("content_type = \"application/json; charset=utf-8\"").unwrap();
+        assert!(ok.content_type.is_some());
     }
 
     #[test]

@@ -34,9 +34,15 @@ pub enum RouteError {
     /// A text payload column carries something that is not JSON (json/jsonb columns cannot).
     #[error("payload is not JSON: {0}")]
     PayloadNotJson(String),
-    /// pgoutput sends bytea as `\x…` text: the record would carry that text, not the bytes.
-    #[error("payload column `{column}` of {table} is bytea; outboxd publishes JSON: use a json or jsonb column (or text holding JSON)")]
-    BinaryPayload { table: String, column: String },
+    /// A bytea payload's text from the server is not bytea output (a broken server or proxy).
+    #[error(
+        "payload column is bytea but its value is {0}; the record would not carry the row's bytes"
+    )]
+    BadBytea(String),
+    /// JSON Schema validation reads the payload as JSON: a bytea payload (Avro, Protobuf…)
+    /// would fail every check, so the combination is refused when the table's schema arrives.
+    #[error("payload column `{column}` of {table} is bytea but [validation] schema_dir applies to it; JSON Schema validates JSON payloads only: set schema_dir only on the json tables' [source.tables.validation], not in [validation], or use a json/jsonb column")]
+    SchemaOnBinary { table: String, column: String },
     /// A row may not set a header the relay derives from its columns: consumers deduplicate
     /// and order by them, so a spoofed `event_id` or `aggregate_version` would defeat both.
     #[error("headers column sets `{0}`, which outboxd derives from the row's columns ({RESERVED}, and the headers of source.columns.additional); a row may not override them: rename the header")]
@@ -94,7 +100,8 @@ impl RouteError {
             | Self::BadHeaders(_)
             | Self::EventIdNotUuid
             | Self::PayloadNotJson(_)
-            | Self::BinaryPayload { .. }
+            | Self::BadBytea(_)
+            | Self::SchemaOnBinary { .. }
             | Self::UnsupportedHeaderColumn { .. }
             | Self::BadHeaderValue { .. } => "invalid_event",
         }

@@ -12,9 +12,10 @@ use crate::config::tables::{OutboxTable, Pattern, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::model::columns::ColumnNames;
+use crate::model::route::RouteError;
 use crate::model::topic::TopicTemplate;
 use crate::relay::pgoutput::Relation;
-use crate::relay::route::{Event, RowMapping};
+use crate::relay::route::{Event, PayloadKind, RowMapping};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -29,6 +30,8 @@ pub struct Outbox {
     pub label: Arc<str>,
     /// Records carry the `source_table` header (more than one table is listed).
     tagged: bool,
+    /// JSON Schema validation applies (`schema_dir` set): refused for a bytea payload.
+    validates: bool,
 }
 
 impl Outbox {
@@ -91,6 +94,7 @@ impl Outboxes {
                     label: Arc::from(t.label()),
                     names: t.columns.resolve()?,
                     topic: TopicTemplate::parse(&t.topic)?,
+                    validates: t.validation.schema_dir.is_some(),
                     schema: t.schema,
                     name: t.name,
                     tagged,
@@ -131,6 +135,13 @@ impl Outboxes {
             Some(i) => {
                 let mut missing = Vec::new();
                 let mapping = RowMapping::resolve(&self.tables[i].names, rel, &mut missing)?;
+                if self.tables[i].validates && mapping.payload_kind() == PayloadKind::Bytes {
+                    return Err(RouteError::SchemaOnBinary {
+                        table: self.tables[i].label.to_string(),
+                        column: self.tables[i].names.payload.clone(),
+                    }
+                    .into());
+                }
                 if !missing.is_empty() {
                     let table = &*self.tables[i].label;
                     tracing::warn!(
@@ -183,6 +194,7 @@ impl Outboxes {
             topic: TopicTemplate::parse(&t.topic)?,
             label: Arc::from(t.label()),
             tagged: self.tagged,
+            validates: t.validation.schema_dir.is_some(),
         });
         self.on_relation(rel)?;
         Ok(Some(t))

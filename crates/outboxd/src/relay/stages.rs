@@ -398,7 +398,7 @@ impl Stages {
             let version = event.schema_version.unwrap_or("1");
             let checked = self
                 .poison
-                .check_schema(table, event_type, version, event.payload);
+                .check_schema(table, event_type, version, &event.payload);
             if let Err(msg) = checked {
                 let rec = self.record_of(table, &event);
                 return self.park(rec, "schema_invalid", &msg).await;

@@ -34,12 +34,15 @@ pub use crate::model::cloudevents::CREATED_AT_HEADER;
 /// The structured mode's `content-type` (the binding's).
 pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=UTF-8";
 
-/// The payload's media type, the `datacontenttype` attribute.
-///
-/// ISSUE 46 PLUG-IN: a table's `content_type` (bytea payloads) replaces this constant here,
-/// and only here; [`is_json`] then decides `data` vs `data_base64` in structured mode.
-fn content_type(_e: &Event<'_>) -> &'static str {
-    "application/json"
+/// The payload's media type, the `datacontenttype` attribute: the table's `content_type` when
+/// set, else `application/octet-stream` for bytes (a bytea column) and `application/json` for
+/// JSON; [`is_json`] then decides `data` vs `data_base64` in structured mode.
+fn content_type<'e>(e: &'e Event<'_>) -> &'e str {
+    match &e.content_type {
+        Some(ct) => ct,
+        None if e.binary => "application/octet-stream",
+        None => "application/json",
+    }
 }
 
 /// A JSON media type (`application/json`, `…+json`): structured mode embeds it as `data`.
@@ -270,12 +273,12 @@ pub fn envelope(e: &Event<'_>, ce: &Ce<'_>) -> Result<Option<Vec<u8>>, RouteErro
     if is_json(content_type(e)) {
         // The payload is JSON (json/jsonb, or text checked by the router): embedded as is.
         out.extend_from_slice(b",\"data\":");
-        out.extend_from_slice(e.payload);
+        out.extend_from_slice(&e.payload);
     } else {
         out.extend_from_slice(b",\"data_base64\":\"");
         out.extend_from_slice(
             base64::engine::general_purpose::STANDARD
-                .encode(e.payload)
+                .encode(&*e.payload)
                 .as_bytes(),
         );
         out.push(b'"');

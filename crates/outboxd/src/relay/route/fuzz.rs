@@ -228,7 +228,7 @@ proptest! {
             aggregate_type: "a",
             aggregate_id: Some("1"),
             event_type: Some("T"),
-            payload: b"{}",
+            payload: std::borrow::Cow::Borrowed(b"{}"),
             tombstone: false,
             aggregate_version: None,
             schema_version: None,
@@ -237,6 +237,8 @@ proptest! {
             id_header: true,
             additional: vec![("tenant".into(), None), ("Traceparent".into(), Some("x".into()))],
             ce: None,
+            content_type: Some("application/x-protobuf".into()),
+            binary: true,
         };
         let _ = e.for_each_header(|_, _| {});
         let _ = e.parked_record(Some("t"));

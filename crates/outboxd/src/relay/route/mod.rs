@@ -17,6 +17,9 @@ use std::borrow::Cow;
 use std::sync::Arc;
 pub use time::parse_timestamptz_ms;
 
+/// The header a table's `content_type` is sent in.
+pub const CONTENT_TYPE_HEADER: &str = "content-type";
+
 /// Where each event field sits in the tuple of the current Relation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowMapping {
@@ -29,8 +32,10 @@ pub struct RowMapping {
     schema_version: Option<usize>,
     headers: Option<usize>,
     created_at: Option<usize>,
-    /// The payload column is text-like, not json/jsonb: each value is checked to be JSON.
-    payload_unchecked: bool,
+    /// What the payload column holds, from its type in the Relation (decided once here).
+    payload_kind: PayloadKind,
+    /// `content-type` header of every record (see [`ColumnNames::content_type`]).
+    content_type: Option<Arc<str>>,
     /// Send header `id` too (see [`ColumnNames::id_header`]).
     id_header: bool,
     /// A NULL aggregate id or event type is allowed (see [`ColumnNames::debezium_nulls`]).
@@ -48,6 +53,18 @@ struct Placed {
     column: String,
     header: Arc<str>,
     render: Render,
+}
+
+/// What the payload column holds, decided once per Relation from the column's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadKind {
+    /// json or jsonb: Postgres guarantees JSON; published as its text.
+    Json,
+    /// text-like: each value is checked to be JSON (the inbox parses it).
+    Text,
+    /// bytea: published as exactly its bytes (Avro, Protobuf, any registry framing), decoded
+    /// from pgoutput's text output by [`crate::relay::pgoutput::bytea::decode`].
+    Bytes,
 }
 
 /// Postgres type OIDs of the payload column that matter here.
@@ -119,14 +136,14 @@ impl RowMapping {
             .collect::<Result<Vec<_>, RouteError>>()?;
         let payload = req(&names.payload, "payload")?;
         let payload_type = rel.columns[payload].type_oid;
-        if payload_type == BYTEA_OID {
-            return Err(RouteError::BinaryPayload {
-                table: table(),
-                column: names.payload.clone(),
-            });
-        }
+        let payload_kind = match payload_type {
+            JSON_OID | JSONB_OID => PayloadKind::Json,
+            BYTEA_OID => PayloadKind::Bytes,
+            _ => PayloadKind::Text,
+        };
         Ok(Self {
-            payload_unchecked: payload_type != JSON_OID && payload_type != JSONB_OID,
+            payload_kind,
+            content_type: names.content_type.clone(),
             id_header: names.id_header,
             debezium_nulls: names.debezium_nulls,
             additional,
@@ -141,6 +158,32 @@ impl RowMapping {
             headers: opt(&names.headers),
             created_at: opt(&names.created_at),
         })
+    }
+
+    /// What the payload column holds (bytea tables publish bytes, not JSON).
+    pub fn payload_kind(&self) -> PayloadKind {
+        self.payload_kind
+    }
+
+    /// The table's `content_type` (the `content-type` header; CloudEvents' `datacontenttype`).
+    #[allow(dead_code)] // for the CloudEvents format (issue 42)
+    pub fn content_type(&self) -> Option<&Arc<str>> {
+        self.content_type.as_ref()
+    }
+
+    /// The payload's bytes: borrowed for text and JSON, decoded for bytea.
+    fn payload_bytes<'a>(&self, text: &'a [u8]) -> Result<Cow<'a, [u8]>, RouteError> {
+        match self.payload_kind {
+            PayloadKind::Bytes => crate::relay::pgoutput::bytea::decode(text)
+                .map(Cow::Owned)
+                .map_err(|e| RouteError::BadBytea(e.to_string())),
+            PayloadKind::Text => {
+                serde_json::from_slice::<serde::de::IgnoredAny>(text)
+                    .map_err(|e| RouteError::PayloadNotJson(e.to_string()))?;
+                Ok(Cow::Borrowed(text))
+            }
+            PayloadKind::Json => Ok(Cow::Borrowed(text)),
+        }
     }
 
     /// Extracts the event fields from a decoded tuple, borrowing the bytes.
@@ -168,12 +211,8 @@ impl RowMapping {
         // NULL: a tombstone candidate; the stage decides by policy (`on_null_payload`).
         let payload = match vals.get(self.payload) {
             Some(Value::Null) => None,
-            _ => Some(bytes(self.payload, "payload")?),
+            _ => Some(self.payload_bytes(bytes(self.payload, "payload")?)?),
         };
-        if let (true, Some(p)) = (self.payload_unchecked, payload) {
-            serde_json::from_slice::<serde::de::IgnoredAny>(p)
-                .map_err(|e| RouteError::PayloadNotJson(e.to_string()))?;
-        }
         let additional = self
             .additional
             .iter()
@@ -197,8 +236,10 @@ impl RowMapping {
             aggregate_type: text(self.aggregate_type, "aggregate_type")?,
             aggregate_id: nullable(self.aggregate_id, "aggregate_id")?,
             event_type: nullable(self.event_type, "event_type")?,
-            payload: payload.unwrap_or_default(),
             tombstone: payload.is_none(),
+            payload: payload.unwrap_or_default(),
+            content_type: self.content_type.clone(),
+            binary: self.payload_kind == PayloadKind::Bytes,
             aggregate_version: opt_text(self.aggregate_version, "aggregate_version")?,
             schema_version: opt_text(self.schema_version, "schema_version")?,
             headers: opt_text(self.headers, "headers")?,
@@ -233,7 +274,11 @@ impl RowMapping {
             event_type: text(Some(self.event_type)),
             topic: None,
             key: text(Some(self.aggregate_id)).map(String::into_bytes),
+            // A bytea payload parks as its bytes; text that is not bytea output as it came.
             payload: match vals.get(self.payload) {
+                Some(Value::Text(t)) if self.payload_kind == PayloadKind::Bytes => {
+                    Some(crate::relay::pgoutput::bytea::decode(t).unwrap_or_else(|_| t.to_vec()))
+                }
                 Some(Value::Text(t)) => Some(t.to_vec()),
                 _ => None,
             },
@@ -252,8 +297,8 @@ pub struct Event<'a> {
     pub aggregate_id: Option<&'a str>,
     /// `None`: NULL, allowed with the Debezium preset only (no `event_type` header).
     pub event_type: Option<&'a str>,
-    /// Empty for a tombstone.
-    pub payload: &'a [u8],
+    /// Empty for a tombstone. Borrowed from the message, owned when decoded (bytea).
+    pub payload: Cow<'a, [u8]>,
     /// The payload is NULL: the record carries no value (a tombstone).
     pub tombstone: bool,
     pub aggregate_version: Option<&'a str>,
@@ -263,6 +308,11 @@ pub struct Event<'a> {
     pub created_at_ms: Option<i64>,
     /// Also send the event id in header `id` (Debezium's consumers deduplicate on it).
     pub id_header: bool,
+    /// The table's `content_type`, sent as header `content-type` after the placed columns.
+    pub content_type: Option<Arc<str>>,
+    /// The payload is bytes (a bytea column), not JSON: a CloudEvent without a table
+    /// `content_type` says `application/octet-stream` and carries it as `data_base64`.
+    pub binary: bool,
     /// Headers from `[source.columns] additional`, in order: name and text (`None`: NULL, a
     /// header without a value).
     pub additional: Vec<(Arc<str>, Option<Cow<'a, str>>)>,
@@ -353,12 +403,16 @@ impl Event<'_> {
         for (k, v) in &self.additional {
             f(k, v.as_deref().map(str::as_bytes));
         }
+        if let Some(c) = &self.content_type {
+            f(CONTENT_TYPE_HEADER, Some(c.as_bytes()));
+        }
         if let Some(h) = self.headers {
             let map: serde_json::Map<String, serde_json::Value> =
                 serde_json::from_str(h).map_err(|e| RouteError::BadHeaders(e.to_string()))?;
             let taken = |k: &String| {
                 is_reserved_header(k)
                     || (self.id_header && k.eq_ignore_ascii_case("id"))
+                    || (self.content_type.is_some() && k.eq_ignore_ascii_case(CONTENT_TYPE_HEADER))
                     || self
                         .additional
                         .iter()
@@ -384,7 +438,7 @@ impl Event<'_> {
     pub fn value(&self) -> Cow<'_, [u8]> {
         match self.ce.as_ref().map(|ce| cloudevents::envelope(self, ce)) {
             Some(Ok(Some(v))) => Cow::Owned(v),
-            _ => Cow::Borrowed(self.payload),
+            _ => Cow::Borrowed(&*self.payload),
         }
     }
 
@@ -401,6 +455,7 @@ impl Event<'_> {
             + self.event_type.map_or(0, str::len)
             + self.aggregate_type.len()
             + self.headers.map_or(0, str::len)
+            + self.content_type.as_ref().map_or(0, |c| c.len() + 20)
             + additional
             + 64
     }
@@ -710,13 +765,66 @@ mod tests {
         let mut r = rel(ALL);
         r.columns[6].type_oid = JSONB_OID;
         let m = RowMapping::resolve(&names, &r, &mut vec![]).unwrap();
-        assert!(!m.payload_unchecked);
-        // bytea would go out as `\x…` text: refused when the Relation arrives.
-        r.columns[6].type_oid = BYTEA_OID;
-        assert!(matches!(
-            RowMapping::resolve(&names, &r, &mut vec![]),
-            Err(RouteError::BinaryPayload { .. })
-        ));
+        assert_eq!(m.payload_kind(), PayloadKind::Json);
         assert!(!is_uuid("") && !is_uuid("0193a5e2+7c1d-7000-8000-000000000001"));
+    }
+
+    #[test]
+    fn a_bytea_payload_goes_out_as_its_bytes_with_the_tables_content_type() {
+        let names = Columns {
+            content_type: Some("application/vnd.apache.avro+binary".into()),
+            ..Columns::default()
+        }
+        .resolve()
+        .unwrap();
+        let mut r = rel(ALL);
+        r.columns[6].type_oid = BYTEA_OID;
+        let m = RowMapping::resolve(&names, &r, &mut vec![]).unwrap();
+        assert_eq!(m.payload_kind(), PayloadKind::Bytes);
+        assert_eq!(
+            m.content_type().map(|c| &**c),
+            Some("application/vnd.apache.avro+binary")
+        );
+        let mut vals = vec![Value::Text(b"x"); 9];
+        vals[0] = Value::Text(b"0193a5e2-7c1d-7000-8000-000000000001");
+        vals[7] = Value::Text(b"{\"trace\": \"t\"}");
+        vals[8] = Value::Null;
+        // Confluent framing: magic 0, schema id, then a body with NUL and 0xff.
+        vals[6] = Value::Text(b"\\x000000000100ff");
+        let e = m.event(&vals).unwrap();
+        assert_eq!(&*e.payload, [0, 0, 0, 0, 1, 0, 0xff]);
+        assert!(!e.tombstone);
+        let mut hs = Vec::new();
+        e.for_each_header(|k, v| hs.push((k.to_string(), v.map(<[u8]>::to_vec))))
+            .unwrap();
+        let ct = hs.iter().position(|(k, _)| k == "content-type").unwrap();
+        assert_eq!(
+            hs[ct].1.as_deref(),
+            Some(&b"application/vnd.apache.avro+binary"[..])
+        );
+        // After the relay's own headers, before the row's.
+        assert_eq!(hs[ct + 1].0, "trace");
+        // Parked, it keeps the bytes (not the hex text).
+        assert_eq!(
+            e.parked_record(None).payload.unwrap(),
+            [0, 0, 0, 0, 1, 0, 0xff]
+        );
+        assert_eq!(
+            m.partial(&vals).unwrap().payload.unwrap(),
+            [0, 0, 0, 0, 1, 0, 0xff]
+        );
+        // The row may not set the content type the table declares.
+        vals[7] = Value::Text(b"{\"Content-Type\": \"text/plain\"}");
+        let e = m.event(&vals).unwrap();
+        assert!(matches!(
+            e.for_each_header(|_, _| {}),
+            Err(RouteError::ReservedHeader(_))
+        ));
+        // Text that is not bytea output: parked, naming where.
+        vals[6] = Value::Text(b"\\x0");
+        assert!(matches!(m.event(&vals), Err(RouteError::BadBytea(_))));
+        // NULL: a tombstone candidate as for JSON.
+        vals[6] = Value::Null;
+        assert!(m.event(&vals).unwrap().tombstone);
     }
 }

@@ -55,6 +55,8 @@ pub fn rebuild(
         .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
         .unwrap_or("1")
         .to_string();
+    // The table's content type is recomputed from the configuration, like the relay's headers.
+    let content_type = names.content_type.is_some();
     let placed = |k: &str| names.additional.iter().any(|p| &*p.header == k);
     let additional = names
         .additional
@@ -74,7 +76,8 @@ pub fn rebuild(
             !(is_reserved_header(k)
                 || id_header && k.eq_ignore_ascii_case("id")
                 || placed(k)
-                || k == super::cloudevents::CREATED_AT_HEADER)
+                || k == super::cloudevents::CREATED_AT_HEADER
+                || content_type && k.eq_ignore_ascii_case(super::CONTENT_TYPE_HEADER))
         })
         .filter_map(|(k, v)| Some((k.clone(), serde_json::Value::String(v.clone()?))))
         .collect();
@@ -85,7 +88,7 @@ pub fn rebuild(
         aggregate_type,
         aggregate_id,
         event_type,
-        payload,
+        payload: std::borrow::Cow::Borrowed(payload),
         tombstone: false,
         aggregate_version: version.as_deref(),
         schema_version: stored_version.map(|_| schema_version.as_str()),
@@ -105,6 +108,11 @@ pub fn rebuild(
                     .find(|(k, _)| k == super::cloudevents::CREATED_AT_HEADER)
                     .and_then(|(_, v)| v.as_deref()),
             }),
+        content_type: names.content_type.clone(),
+        // The parked record keeps bytes, not the column's type: a payload that is no JSON came
+        // from a bytea column (the router checks text payloads are JSON). A bytea payload that
+        // happens to be JSON is released as a JSON CloudEvent: say so with `content_type`.
+        binary: serde_json::from_slice::<serde::de::IgnoredAny>(payload).is_err(),
     };
     topic.render(event.aggregate_type, event.event_type, buf)?;
     if event.ce.is_some() {
