@@ -80,4 +80,30 @@ mod tests {
             .contains("keep one"));
         let _ = std::fs::remove_file(dir);
     }
+
+    #[test]
+    fn the_token_comes_from_the_environment_and_is_redacted() {
+        let toml = "[source]\ndsn = \"postgres://u@h/d\"\nslot = \"s\"\n\
+                    [sink.kafka]\n\"bootstrap.servers\" = \"k:9092\"\n";
+        let env = [(
+            "OUTBOXD_METRICS_STATUS_TOKEN".to_string(),
+            "env-token-0123456789".to_string(),
+        )];
+        let cfg = crate::config::Config::from_toml_and_env(toml, env).unwrap();
+        assert_eq!(
+            cfg.metrics.status_token.as_deref(),
+            Some("env-token-0123456789")
+        );
+        assert!(!cfg
+            .redactor
+            .scrub("x env-token-0123456789")
+            .contains("env-token"));
+        assert!(!format!("{cfg:?}").contains("env-token"));
+        let short = [(
+            "OUTBOXD_METRICS_STATUS_TOKEN".to_string(),
+            "abc".to_string(),
+        )];
+        let e = crate::config::Config::from_toml_and_env(toml, short).unwrap_err();
+        assert!(e.to_string().contains("metrics.status_token"), "{e}");
+    }
 }

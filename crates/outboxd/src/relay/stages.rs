@@ -185,7 +185,10 @@ impl Stages {
         self.watch.parked_gauges(&stats, &self.observed.labels);
         if self.observed.status.parked_due() {
             let count = stats.iter().map(|s| s.2).sum();
-            let rows = crate::poison::store::operator::list(&self.sql, &self.slot, false).await?;
+            let shown = Some(crate::obs::status::PARKED_SHOWN as i64);
+            let rows =
+                crate::poison::store::operator::list_at_most(&self.sql, &self.slot, false, shown)
+                    .await?;
             self.observed
                 .status
                 .parked(count, crate::relay::status_feed::parked(rows));

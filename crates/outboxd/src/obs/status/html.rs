@@ -11,6 +11,15 @@ use std::fmt::Write;
 const CSS: &str = include_str!("page.css");
 const JS: &str = include_str!("page.js");
 
+/// A dot on the newest sample (a chart of one sample is otherwise empty).
+fn last_point(samples: &[super::history::Sample]) -> String {
+    let pts = polyline(samples);
+    match pts.rsplit(' ').next().and_then(|p| p.split_once(',')) {
+        Some((x, y)) => format!("<circle id=\"lag-dot\" r=\"3\" cx=\"{x}\" cy=\"{y}\"/>"),
+        None => "<circle id=\"lag-dot\" r=\"0\" cx=\"0\" cy=\"0\"/>".into(),
+    }
+}
+
 /// The page's script, as embedded (the Content-Security-Policy allows it by its hash).
 pub fn script() -> &'static str {
     JS
@@ -130,8 +139,9 @@ pub fn page(f: &Facts) -> String {
         "<section><h2>Lag, last hour</h2><svg id=\"chart\" viewBox=\"0 0 {CHART_W} {CHART_H}\" \
          width=\"{CHART_W}\" height=\"{CHART_H}\" role=\"img\" aria-label=\"slot lag in bytes over the last hour\">\
          <rect width=\"{CHART_W}\" height=\"{CHART_H}\" class=\"bg\"/>\
-         <polyline id=\"lag-line\" points=\"{}\"/></svg><p class=\"note\">max <span id=\"lag-max\">{}</span> bytes</p></section>",
+         <polyline id=\"lag-line\" points=\"{}\"/>{}</svg><p class=\"note\">max <span id=\"lag-max\">{}</span> bytes</p></section>",
         polyline(&f.lag_history),
+        last_point(&f.lag_history),
         f.lag_history.iter().map(|s| s.lag_bytes as u64).max().unwrap_or(0),
     );
 

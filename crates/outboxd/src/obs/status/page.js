@@ -40,6 +40,10 @@
       var x = W - (last - s.at) / WINDOW_S * W, y = H - s.lag_bytes / max * H;
       return x.toFixed(1) + "," + y.toFixed(1);
     }).join(" "));
+    var dot = document.getElementById("lag-dot"), s = samples[samples.length - 1];
+    dot.setAttribute("r", "3");
+    dot.setAttribute("cx", W.toFixed(1));
+    dot.setAttribute("cy", (H - s.lag_bytes / max * H).toFixed(1));
     document.getElementById("lag-max").textContent = String(Math.round(max === 1 ? 0 : max));
   }
   function apply(f) {

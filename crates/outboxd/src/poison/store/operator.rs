@@ -23,6 +23,17 @@ pub struct Listed {
 
 /// Open parked events (`all`: resolved ones too), oldest first.
 pub async fn list(sql: &Client, slot: &str, all: bool) -> Result<Vec<Listed>, RelayError> {
+    list_at_most(sql, slot, all, None).await
+}
+
+/// [`list`], at most `limit` rows (`None`: all): the status page reads the oldest few every
+/// few seconds inside a session, so a large parked store must not make that a long query.
+pub async fn list_at_most(
+    sql: &Client,
+    slot: &str,
+    all: bool,
+    limit: Option<i64>,
+) -> Result<Vec<Listed>, RelayError> {
     let rows = sql
         .query(
             &format!(
@@ -30,10 +41,10 @@ pub async fn list(sql: &Client, slot: &str, all: bool) -> Result<Vec<Listed>, Re
                         coalesce(aggregate_id, ''), aggregate_version, error_class, attempts, \
                         to_char(first_seen, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'), error_message, {} \
                  FROM outbox_parked p WHERE slot = $1 \
-                   AND ($2 OR state IN ('parked', 'blocked', 'retry')) ORDER BY id",
+                   AND ($2 OR state IN ('parked', 'blocked', 'retry')) ORDER BY id LIMIT $3",
                 super::table_of("p")
             ),
-            &[&slot, &all],
+            &[&slot, &all, &limit],
         )
         .await?;
     Ok(rows
