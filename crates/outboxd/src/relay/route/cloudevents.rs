@@ -320,6 +320,11 @@ mod tests {
     use crate::relay::route::RowMapping;
 
     fn mapping(mode: Mode) -> RowMapping {
+        mapping_with(mode, 3802, None)
+    }
+
+    /// `payload_oid`: the payload column's type (3802 jsonb, 17 bytea).
+    fn mapping_with(mode: Mode, payload_oid: u32, content_type: Option<&str>) -> RowMapping {
         let cols = [
             "event_id",
             "aggregate_type",
@@ -339,7 +344,7 @@ mod tests {
                 .iter()
                 .map(|c| Column {
                     name: c.to_string(),
-                    type_oid: if *c == "payload" { 3802 } else { 25 },
+                    type_oid: if *c == "payload" { payload_oid } else { 25 },
                     type_modifier: -1,
                 })
                 .collect(),
@@ -353,6 +358,7 @@ mod tests {
         .unwrap();
         let c = Columns {
             cloudevents: Some(Arc::new(ce)),
+            content_type: content_type.map(String::from),
             ..Default::default()
         };
         RowMapping::resolve(&c.resolve().unwrap(), &rel, &mut vec![]).unwrap()
@@ -382,6 +388,34 @@ mod tests {
         })
         .unwrap();
         hs
+    }
+
+    #[test]
+    fn a_bytea_payload_is_octet_stream_or_the_tables_content_type_and_base64_when_structured() {
+        let mut row = ROW;
+        row[6] = Value::Text(b"\\x00ff41");
+        let value = |e: &Event<'_>| -> serde_json::Value {
+            serde_json::from_slice(&e.value()).expect("the envelope is JSON")
+        };
+        let m = mapping_with(Mode::Structured, 17, None);
+        let e = m.event(&row).unwrap();
+        let v = value(&e);
+        assert_eq!(v["datacontenttype"], "application/octet-stream");
+        assert_eq!(v["data_base64"], "AP9B");
+        assert!(v.get("data").is_none());
+        let avro = "application/vnd.apache.avro+binary";
+        let m = mapping_with(Mode::Structured, 17, Some(avro));
+        assert_eq!(value(&m.event(&row).unwrap())["datacontenttype"], avro);
+        let m = mapping_with(Mode::Binary, 17, Some(avro));
+        let e = m.event(&row).unwrap();
+        let hs = headers(&e);
+        let cts: Vec<_> = hs.iter().filter(|(k, _)| k == "content-type").collect();
+        assert_eq!(
+            cts,
+            [&("content-type".to_string(), avro.to_string())],
+            "one content-type"
+        );
+        assert_eq!(&*e.value(), &[0x00, 0xff, 0x41][..]);
     }
 
     #[test]
