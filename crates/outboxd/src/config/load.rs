@@ -24,7 +24,11 @@ impl Config {
             .parse()
             .map_err(|e| invalid(crate::config::secrets::toml_syntax(text, &e)))?;
         let mut ignored_env = Vec::new();
+        let mut otel_env = Vec::new();
         for (k, v) in env {
+            if k.starts_with("OTEL_") {
+                otel_env.push((k.clone(), v.clone()));
+            }
             if let Some(rest) = k.strip_prefix("OUTBOXD_") {
                 if !apply_override(&mut root, rest, v)? {
                     ignored_env.push(k);
@@ -38,6 +42,7 @@ impl Config {
             .map_err(|e: toml::de::Error| invalid(raw.scrub(e.message())))?;
         crate::config::secrets::load_files(&mut cfg)?;
         cfg.ignored_env = ignored_env;
+        cfg.telemetry.fill_from_env(&otel_env);
         cfg.redactor = crate::config::secrets::Redactor::of(
             &cfg.sink.kafka,
             &cfg.source.dsn,
@@ -48,6 +53,10 @@ impl Config {
             .flatten()
         {
             cfg.redactor.add(k);
+        }
+        // Export headers carry the receiver's API key.
+        for (_, v) in cfg.telemetry.header_pairs() {
+            cfg.redactor.add(&v);
         }
         for dsn in [
             cfg.cleanup.dsn.as_deref(),
@@ -119,7 +128,7 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bo
 }
 
 /// The sections `OUTBOXD_<SECTION>_<KEY>` may name.
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "source",
     "sink",
     "relay",
@@ -132,6 +141,7 @@ const SECTIONS: [&str; 13] = [
     "cleanup",
     "shadow",
     "replay",
+    "telemetry",
     "parked",
 ];
 

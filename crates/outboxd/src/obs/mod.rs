@@ -9,6 +9,7 @@ pub(crate) mod errors;
 mod http;
 pub(crate) mod labels;
 pub(crate) mod status_row;
+pub(crate) mod telemetry;
 pub(crate) mod view;
 pub(crate) mod watch;
 
@@ -38,6 +39,7 @@ pub const COMMIT_TO_ACK: &str = "outboxd_commit_to_ack_seconds";
 pub const HEARTBEAT_AGE: &str = "outboxd_heartbeat_age_seconds";
 pub const HEARTBEAT_DELAY: &str = "outboxd_heartbeat_delay_seconds";
 pub const IGNORED_CHANGES: &str = "outboxd_ignored_changes_total";
+pub const TRACE_SPANS_DROPPED: &str = "outboxd_trace_spans_dropped_total";
 pub const RETRY_BACKOFF: &str = "outboxd_retry_backoff_seconds";
 pub const PARKED: &str = "outboxd_parked_events";
 pub const PARKED_OLDEST_AGE: &str = "outboxd_parked_oldest_age_seconds";
@@ -156,6 +158,11 @@ pub const METRICS: &[(&str, &str)] = &[
     (
         HEARTBEAT_DELAY,
         "seconds from emitting the last heartbeat on the source to receiving it",
+    ),
+    (
+        TRACE_SPANS_DROPPED,
+        "finished trace spans that never reached the OTLP receiver (queue full, receiver down or \
+         slow); delivery is never held for them",
     ),
     (
         IGNORED_CHANGES,
