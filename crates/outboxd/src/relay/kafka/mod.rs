@@ -17,8 +17,8 @@ mod trace;
 pub(crate) mod txn;
 pub(crate) mod verdict;
 
+pub use verdict::{broker_error_class, Ack, Origin, Verdict};
 use verdict::{capture, header_str};
-pub use verdict::{Ack, Origin, Verdict};
 
 use crate::config::Config;
 use crate::error::RelayError;
@@ -139,31 +139,11 @@ impl ClientContext for Ctx {
     }
 }
 
-/// The class of an error librdkafka reports about its broker connections (bounded metric label):
-/// `auth` (SASL refused: credentials, mechanism), `tls` (handshake, certificate), `down` (all
-/// brokers unreachable), `transport` (one connection failed), `other`.
-///
-/// Each is transient for a running relay: librdkafka keeps reconnecting with backoff and the
-/// events wait (credentials get rotated, certificates renewed).
-pub fn broker_error_class(code: Option<RDKafkaErrorCode>) -> &'static str {
-    use RDKafkaErrorCode as C;
-    match code {
-        Some(C::Authentication | C::SaslAuthenticationFailed | C::UnsupportedSASLMechanism) => {
-            "auth"
-        }
-        Some(C::SSL) => "tls",
-        Some(C::AllBrokersDown) => "down",
-        Some(C::BrokerTransportFailure | C::Resolve | C::OperationTimedOut) => "transport",
-        _ => "other",
-    }
-}
-
 impl ProducerContext for Ctx {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
         let origin = Origin::from_opaque(opaque);
-
         let verdict = match result {
             Ok(m) => {
                 self.observed.health.broker_ok_again();
@@ -204,13 +184,7 @@ impl ProducerContext for Ctx {
                 verdict
             }
         };
-        if let Some(t) = &self.telemetry {
-            let (p, o) = match result {
-                Ok(m) => (m.partition(), Some(m.offset())),
-                Err((_, m)) => (m.partition(), None),
-            };
-            trace::finish(t, opaque, p, o, &verdict);
-        }
+        trace::delivered(self, opaque, result, &verdict);
         match &self.txn {
             Some(t) => {
                 let ack = Ack::now(origin, verdict);
@@ -320,8 +294,7 @@ impl Producer {
                 txn: transactional_id
                     .map(|_| std::sync::Arc::new(txn::Txn::new(outstanding.clone()))),
                 outstanding,
-                telemetry: crate::obs::telemetry::Telemetry::new(&cfg.telemetry, &cfg.redactor)
-                    .map_err(RelayError::Setup)?,
+                telemetry: trace::telemetry(cfg)?,
             })
             // librdkafka refuses the configuration itself: retrying cannot help.
             .map_err(|e| {
@@ -369,7 +342,7 @@ impl Producer {
     /// [`Ack`] on the same channel as the broker's verdicts, before this returns.
     pub async fn send(&self, topic: &str, e: &Event<'_>, seq: Seq) {
         let ctx = self.inner.context();
-        let span = trace::start_event(ctx.telemetry.as_ref(), topic, e);
+        let span = trace::start_event(ctx, topic, e);
         let mut headers = Some(OwnedHeaders::new_with_capacity(self.headers_cap));
         // Header JSON was validated by the stage before this call. `Option::take` moves the
         // list through `insert` without allocating a replacement.
@@ -381,7 +354,7 @@ impl Producer {
         });
         let headers = trace::add_missing(&span, headers.unwrap_or_default());
         let origin = Origin::Stream(seq);
-        trace::hold(ctx.telemetry.as_ref(), origin.to_opaque(), span);
+        trace::hold(ctx, origin.to_opaque(), span);
         if ctx.txn.is_some() {
             let parked = || e.parked_record(Some(topic));
             if let Some(v) = txn::refused_before(&ctx.observed, e.event_id, parked) {
@@ -410,7 +383,7 @@ impl Producer {
     /// Enqueues a parked record (parking row `id`) exactly as it was captured; refusals as in
     /// [`Producer::send`].
     pub async fn send_parked(&self, r: &ParkedRecord, id: i64) {
-        let span = trace::start_release(self.inner.context().telemetry.as_ref(), r);
+        let span = trace::start_release(self.inner.context(), r);
         let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
         for (k, v) in &r.headers {
             headers = headers.insert(Header {
@@ -420,11 +393,7 @@ impl Producer {
         }
         let headers = trace::add_missing(&span, headers);
         let origin = Origin::Release(id);
-        trace::hold(
-            self.inner.context().telemetry.as_ref(),
-            origin.to_opaque(),
-            span,
-        );
+        trace::hold(self.inner.context(), origin.to_opaque(), span);
         let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(
             r.topic.as_deref().unwrap_or(""),
             origin.to_opaque(),
@@ -479,9 +448,7 @@ impl Producer {
                         ctx.redactor.scrub(&err.to_string()),
                         parked,
                     );
-                    if let Some(t) = &ctx.telemetry {
-                        trace::finish(t, origin.to_opaque(), -1, None, &verdict);
-                    }
+                    trace::finish(ctx, origin.to_opaque(), -1, None, &verdict);
                     let _ = ctx.acks.send(Ack::now(origin, verdict));
                     return;
                 }

@@ -2,15 +2,22 @@
 //! before the record is handed to librdkafka, its `traceparent` header rewritten to the span,
 //! ended by the delivery report. Nothing here runs without `[telemetry]`.
 
-use super::Verdict;
+use super::{Ctx, Verdict};
+use crate::error::RelayError;
 use crate::obs::telemetry::span::{Failure, Publish, RowTrace, Started, Telemetry};
 use crate::poison::record::ParkedRecord;
 use crate::relay::route::Event;
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Header, Message as _, OwnedHeaders};
+use rdkafka::producer::DeliveryResult;
 
 /// The span of a stream event (`None`: telemetry off, or the row is not sampled).
-pub(super) fn start_event(t: Option<&Telemetry>, topic: &str, e: &Event<'_>) -> Option<Started> {
-    let t = t?;
+/// The producer's telemetry (`None`: `[telemetry]` is off).
+pub(super) fn telemetry(cfg: &crate::config::Config) -> Result<Option<Telemetry>, RelayError> {
+    Telemetry::new(&cfg.telemetry, &cfg.redactor).map_err(RelayError::Setup)
+}
+
+pub(super) fn start_event(ctx: &Ctx, topic: &str, e: &Event<'_>) -> Option<Started> {
+    let t = ctx.telemetry.as_ref()?;
     let mut row = RowTrace::default();
     let _ = e.for_each_header(|k, v| row.see(k, v));
     let p = Publish {
@@ -23,8 +30,8 @@ pub(super) fn start_event(t: Option<&Telemetry>, topic: &str, e: &Event<'_>) -> 
 
 /// The span of a released parked record: in the trace its stored `traceparent` names (the
 /// original publish span), linked to that span.
-pub(super) fn start_release(t: Option<&Telemetry>, r: &ParkedRecord) -> Option<Started> {
-    let t = t?;
+pub(super) fn start_release(ctx: &Ctx, r: &ParkedRecord) -> Option<Started> {
+    let t = ctx.telemetry.as_ref()?;
     let mut row = RowTrace::default();
     for (k, v) in &r.headers {
         row.see(k, v.as_deref().map(str::as_bytes));
@@ -71,14 +78,26 @@ pub(super) fn add_missing(span: &Option<Started>, headers: OwnedHeaders) -> Owne
     })
 }
 
-pub(super) fn hold(t: Option<&Telemetry>, opaque: usize, span: Option<Started>) {
-    if let (Some(t), Some(s)) = (t, span) {
+pub(super) fn hold(ctx: &Ctx, opaque: usize, span: Option<Started>) {
+    if let (Some(t), Some(s)) = (&ctx.telemetry, span) {
         t.hold(opaque, s);
     }
 }
 
 /// Ends the span of `opaque` with what became of its record.
-pub(super) fn finish(t: &Telemetry, opaque: usize, p: i32, offset: Option<i64>, v: &Verdict) {
+/// Ends the span of a delivery report's record.
+pub(super) fn delivered(ctx: &Ctx, opaque: usize, r: &DeliveryResult<'_>, v: &Verdict) {
+    let (p, o) = match r {
+        Ok(m) => (m.partition(), Some(m.offset())),
+        Err((_, m)) => (m.partition(), None),
+    };
+    finish(ctx, opaque, p, o, v);
+}
+
+pub(super) fn finish(ctx: &Ctx, opaque: usize, p: i32, offset: Option<i64>, v: &Verdict) {
+    let Some(t) = &ctx.telemetry else {
+        return;
+    };
     let failure = match v {
         Verdict::Delivered => None,
         Verdict::Retriable { class, .. } => Some(Failure {
