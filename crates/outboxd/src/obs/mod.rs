@@ -223,6 +223,7 @@ pub fn describe() {
     metrics::gauge!(SLOT_LAST_LOSS).set(0.0);
     metrics::counter!(PRODUCE_RETRIES).absolute(0);
     metrics::counter!(FENCINGS).absolute(0);
+    metrics::counter!(TRACE_SPANS_DROPPED).increment(0);
     // Present from the start, so the first refusal is an increase the alert sees.
     for class in ["auth", "tls"] {
         metrics::counter!(BROKER_ERRORS, "class" => class).absolute(0);
