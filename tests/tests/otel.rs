@@ -240,3 +240,59 @@ async fn a_receiver_down_never_holds_delivery_and_spans_resume() -> anyhow::Resu
     let _ = relay.child.wait();
     Ok(())
 }
+
+/// Backlog throughput with tracing off, every row sampled, and 1 % sampled, in one run (a
+/// measurement, not a check: `cargo nextest run -p outboxd-tests --test otel --run-ignored
+/// only`, figures printed; docs/benchmarks.md). Debug build of the relay process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_backlog_with_tracing_off_all_and_one_percent_sampled() -> anyhow::Result<()> {
+    let n: i64 = std::env::var("OTEL_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let mut lines = Vec::new();
+    for (mode, every) in [
+        ("off", 0),
+        ("all sampled", 1),
+        ("1 % sampled", 100),
+        ("off", 0),
+    ] {
+        let port = free_port();
+        let got = Received::default();
+        let _stop = receiver(port, got.clone());
+        let mut env = Env::start("otel_bench").await?;
+        if every > 0 {
+            env.extra_toml = telemetry_toml(port);
+        }
+        create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
+        let c = env.sql().await?;
+        // Every row carries a traceparent; `every` says which are sampled (0: all, unexported).
+        let sampled = if every == 0 { 1 } else { every };
+        c.execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers) \
+             SELECT gen_random_uuid(), 'order', 'b-' || i, 1, 'OrderPlaced', '{\"n\": 1}', \
+                    jsonb_build_object('traceparent', '00-' || md5(i::text) || '-' || substr(md5('s' || i), 1, 16) \
+                                       || CASE WHEN i % $2 = 0 THEN '-01' ELSE '-00' END) \
+             FROM generate_series(1, $1::bigint) i",
+            &[&n, &(sampled as i64)],
+        )
+        .await?;
+        let t0 = std::time::Instant::now();
+        let mut relay = RelayProcess::spawn(&env.config_file()?, env.dir.path().join("relay.log"))?;
+        env.confirmed_past_now(Duration::from_secs(300)).await?;
+        let secs = t0.elapsed().as_secs_f64();
+        let _ = relay.child.kill();
+        let _ = relay.child.wait();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let line = format!(
+            "{mode}: {n} events in {secs:.2} s = {:.0} events/s, {} spans received",
+            n as f64 / secs,
+            got.spans().len()
+        );
+        eprintln!("{line}");
+        lines.push(line);
+    }
+    println!("{}", lines.join("\n"));
+    Ok(())
+}

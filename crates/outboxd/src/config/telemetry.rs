@@ -215,6 +215,13 @@ impl TelemetryConfig {
                  \"grpc\" (TLS with telemetry.certificate) or a collector on http://",
             ));
         }
+        if url.starts_with("https://") && self.certificate.is_none() {
+            return Err(invalid(
+                "telemetry: an https:// endpoint needs telemetry.certificate \
+                 (OTEL_EXPORTER_OTLP_CERTIFICATE), the PEM of the CA that signed the receiver's \
+                 certificate: no root store is built in for the trace exporter",
+            ));
+        }
         for (k, v) in self.header_pairs() {
             if k.is_empty() || v.is_empty() {
                 return Err(invalid(format!(
