@@ -334,4 +334,33 @@ mod tests {
         t.endpoint = Some("collector:4317".into());
         assert!(t.validate().unwrap_err().to_string().contains("http://"));
     }
+
+    #[test]
+    fn a_config_reads_otel_env_and_redacts_the_export_headers() {
+        let base = "[source]\ndsn = \"postgres://u@h/db\"\n[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n";
+        let c = crate::Config::from_toml_and_env(
+            base,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4317"),
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "x-api-key=very-secret-api-key",
+                ),
+                ("OUTBOXD_TELEMETRY_ROOT_SAMPLE_RATIO", "0.25"),
+            ]),
+        )
+        .unwrap();
+        assert!(c.telemetry.enabled());
+        assert_eq!(c.telemetry.root_sample_ratio, 0.25);
+        let shown = c
+            .redactor
+            .scrub("export failed: header x-api-key=very-secret-api-key");
+        assert!(!shown.contains("very-secret-api-key"), "{shown}");
+        let e = crate::Config::from_toml_and_env(
+            &format!("{base}[telemetry]\nendpoint = \"https://c:4317\"\n"),
+            Vec::<(String, String)>::new(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("telemetry.certificate"), "{e}");
+    }
 }
