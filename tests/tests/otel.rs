@@ -62,6 +62,64 @@ fn receiver(port: u16, r: Received) -> tokio::sync::oneshot::Sender<()> {
     tx
 }
 
+/// An OTLP/HTTP (protobuf) receiver on `port`: HTTP/1.1 by hand (the exporter sends a
+/// `Content-Length` body to `/v1/traces`), the body decoded by the generated protocol code.
+async fn http_receiver(port: u16, r: Received) -> anyhow::Result<()> {
+    use prost::Message as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = l.accept().await {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 8192];
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    assert!(head.starts_with("post /v1/traces "), "{head}");
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + len {
+                        let mut chunk = [0u8; 8192];
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let req =
+                        ExportTraceServiceRequest::decode(&buf[head_end..head_end + len]).unwrap();
+                    {
+                        let mut all = r.0.lock().unwrap();
+                        for rs in req.resource_spans {
+                            for ss in rs.scope_spans {
+                                all.extend(ss.spans);
+                            }
+                        }
+                    }
+                    buf.drain(..head_end + len);
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if sock.write_all(ok.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
 fn attr(s: &Span, k: &str) -> Option<String> {
     s.attributes
         .iter()
@@ -183,6 +241,44 @@ async fn sampled_rows_get_a_child_publish_span_and_the_record_continues_it() -> 
     let cx = outboxd_inbox::trace_context(&rec(sampled).headers).expect("trace context");
     assert_eq!((cx.trace_id.as_str(), cx.sampled), (trace, true));
     assert_eq!(cx.parent_span_id, hex(&s.span_id));
+    relay.shutdown().await?;
+    Ok(())
+}
+
+/// `protocol = "http/protobuf"`: the same span (parentage, header continuation) over OTLP/HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_over_http_protobuf_too() -> anyhow::Result<()> {
+    let port = free_port();
+    let got = Received::default();
+    http_receiver(port, got.clone()).await?;
+    let mut env = Env::start("otel_http").await?;
+    env.extra_toml = format!(
+        "{}protocol = \"http/protobuf\"\nservice_name = \"relay-under-test\"\n",
+        telemetry_toml(port)
+    );
+    create_topics(&env.bootstrap(), &[TOPIC], 1).await?;
+    let relay = Relay::start(env.config()?);
+    let c = env.sql().await?;
+    let trace = "6bf92f3577b34da6a3ce929d0e0e4736";
+    let id = insert(
+        &c,
+        "h-1",
+        &format!(r#"{{"traceparent": "00-{trace}-20f067aa0ba902b7-01"}}"#),
+    )
+    .await?;
+    let recs = read_topic(&env.bootstrap(), TOPIC, 1, Duration::from_secs(30))?;
+    eventually(Duration::from_secs(20), || async {
+        Ok(!got.spans().is_empty())
+    })
+    .await?;
+    let s = &got.spans()[0];
+    assert_eq!(hex(&s.trace_id), trace);
+    assert_eq!(hex(&s.parent_span_id), "20f067aa0ba902b7");
+    assert_eq!(attr(s, "messaging.message.id"), Some(id.to_string()));
+    assert_eq!(
+        recs[0].header("traceparent"),
+        format!("00-{trace}-{}-01", hex(&s.span_id))
+    );
     relay.shutdown().await?;
     Ok(())
 }
