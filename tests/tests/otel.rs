@@ -283,6 +283,93 @@ async fn spans_go_over_http_protobuf_too() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A record refused for good (too large) ends its span with error status and event
+/// `outboxd.rejected`; after `outboxd parked retry` the released record gets a new span in the
+/// same trace, linked to the context its parked copy carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_event_errors_and_its_release_links_back() -> anyhow::Result<()> {
+    let port = free_port();
+    let got = Received::default();
+    let _stop = receiver(port, got.clone());
+    let mut env = Env::start("otel_parked").await?;
+    env.kafka_toml = "\"message.max.bytes\" = \"20000\"".into();
+    env.extra_toml = telemetry_toml(port);
+    create_topics(&env.bootstrap(), &[TOPIC], 1).await?;
+    let relay = Relay::start(env.config()?);
+    let c = env.sql().await?;
+    let trace = "7bf92f3577b34da6a3ce929d0e0e4736";
+    let row_span = "30f067aa0ba902b7";
+    let id = Uuid::now_v7();
+    let big = serde_json::json!({"blob": "x".repeat(30_000)});
+    c.execute(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers) \
+         VALUES ($1, 'order', 'p-1', 1, 'OrderPlaced', $2, $3::text::jsonb)",
+        &[&id, &big, &format!(r#"{{"traceparent": "00-{trace}-{row_span}-01"}}"#)],
+    )
+    .await?;
+    eventually(Duration::from_secs(20), || async {
+        Ok(!got.spans().is_empty())
+    })
+    .await?;
+    let first = got.spans()[0].clone();
+    assert_eq!(hex(&first.parent_span_id), row_span);
+    assert_eq!(
+        first.status.as_ref().map(|s| s.code),
+        Some(StatusCode::Error as i32)
+    );
+    assert!(first.events.iter().any(|e| e.name == "outboxd.rejected"));
+    assert_eq!(attr(&first, "error.type").as_deref(), Some("too_large"));
+    assert!(
+        !format!("{first:?}").contains("xxxxxxxxxx"),
+        "payload in a span"
+    );
+
+    env.confirmed_past_now(Duration::from_secs(30)).await?;
+    let fixed = env.dir.path().join("fixed.json");
+    std::fs::write(&fixed, r#"{"blob": "trimmed"}"#)?;
+    let cfg = env.config_file()?;
+    let (code, out) = outboxd_cli(
+        &[
+            "parked",
+            "retry",
+            &id.to_string(),
+            "--payload",
+            fixed.to_str().unwrap(),
+            "--operator",
+            "alice",
+            "--reason",
+            "trim",
+        ],
+        &cfg,
+    );
+    assert_eq!(code, 0, "{out}");
+    let recs = read_topic(&env.bootstrap(), TOPIC, 1, Duration::from_secs(30))?;
+    eventually(Duration::from_secs(20), || async {
+        Ok(got.spans().len() >= 2)
+    })
+    .await?;
+    let release = got.spans()[1].clone();
+    assert_eq!(hex(&release.trace_id), trace, "the same trace");
+    assert_eq!(release.links.len(), 1, "{release:?}");
+    let link = &release.links[0];
+    assert_eq!(hex(&link.trace_id), trace);
+    // librdkafka refused the record before it left (larger than message.max.bytes), so its
+    // parked copy carries the row's traceparent: the release is a child of, and links to, the
+    // row's span.
+    assert_eq!(hex(&link.span_id), row_span);
+    assert_eq!(hex(&release.parent_span_id), row_span);
+    assert!(release
+        .events
+        .iter()
+        .any(|e| e.name == "outboxd.republished"));
+    assert_eq!(
+        recs[0].header("traceparent"),
+        format!("00-{trace}-{}-01", hex(&release.span_id))
+    );
+    relay.shutdown().await?;
+    Ok(())
+}
+
 /// The receiver is down: delivery goes on (every record arrives), the spans that could not be
 /// exported are counted; once it is back, spans of new rows arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
