@@ -33,6 +33,7 @@ pub mod inbox;
 pub mod ledger;
 pub mod metrics;
 pub mod retention;
+pub mod trace;
 
 pub use consumer::{consumer_config, ConsumerSettings, InboxConsumer, OffsetCommit, RunStats};
 pub use envelope::{Envelope, EnvelopeError, RecordSource};
@@ -44,6 +45,7 @@ pub use ledger::{
     operation_key, Claim, EffectError, EffectOutcome, Ledger, PendingEffect, Resolution,
 };
 pub use retention::RetentionPolicy;
+pub use trace::{trace_context, TraceContext};
 
 /// `sql/020_inbox.sql`: the inbox tables for the consumer's database. Idempotent.
 pub const SCHEMA_SQL: &str = include_str!("../../../sql/020_inbox.sql");

@@ -24,7 +24,11 @@ impl Config {
             .parse()
             .map_err(|e| invalid(crate::config::secrets::toml_syntax(text, &e)))?;
         let mut ignored_env = Vec::new();
+        let mut otel_env = Vec::new();
         for (k, v) in env {
+            if k.starts_with("OTEL_") {
+                otel_env.push((k.clone(), v.clone()));
+            }
             if let Some(rest) = k.strip_prefix("OUTBOXD_") {
                 if !apply_override(&mut root, rest, v)? {
                     ignored_env.push(k);
@@ -39,6 +43,7 @@ impl Config {
         crate::config::secrets::load_files(&mut cfg)?;
         crate::config::status_token::load_file(&mut cfg.metrics)?;
         cfg.ignored_env = ignored_env;
+        cfg.telemetry.fill_from_env(&otel_env);
         cfg.redactor = crate::config::secrets::Redactor::of(
             &cfg.sink.kafka,
             &cfg.source.dsn,
@@ -53,6 +58,10 @@ impl Config {
         .flatten()
         {
             cfg.redactor.add(k);
+        }
+        // Export headers carry the receiver's API key.
+        for (_, v) in cfg.telemetry.header_pairs() {
+            cfg.redactor.add(&v);
         }
         for dsn in [
             cfg.cleanup.dsn.as_deref(),
@@ -129,7 +138,7 @@ fn apply_override(root: &mut toml::Table, key: &str, value: String) -> Result<bo
 }
 
 /// The sections `OUTBOXD_<SECTION>_<KEY>` may name.
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
     "source",
     "sink",
     "relay",
@@ -142,6 +151,7 @@ const SECTIONS: [&str; 13] = [
     "cleanup",
     "shadow",
     "replay",
+    "telemetry",
     "parked",
 ];
 

@@ -17,6 +17,7 @@ pub(crate) mod shadow;
 pub(crate) mod status_token;
 pub(crate) mod table_set;
 pub(crate) mod tables;
+pub(crate) mod telemetry;
 mod validate;
 
 use serde::{Deserialize, Deserializer};
@@ -101,6 +102,9 @@ pub struct Config {
     /// The integrity key of parked and held rows and the bounds of that store (issue 40).
     #[serde(default)]
     pub parked: parked::ParkedConfig,
+    /// OpenTelemetry trace export (issue 43): `OTEL_*` variables fill what it leaves unset.
+    #[serde(default)]
+    pub telemetry: telemetry::TelemetryConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -269,6 +269,7 @@ impl Config {
         }
         self.alerts.validate().map_err(invalid)?;
         self.parked.validate().map_err(invalid)?;
+        self.telemetry.validate()?;
         let hb = &self.heartbeat;
         if hb.interval_ms > 0 && hb.stall_timeout_ms < 2 * hb.interval_ms {
             return Err(invalid(

@@ -10,6 +10,7 @@ mod http;
 pub(crate) mod labels;
 pub(crate) mod status;
 pub(crate) mod status_row;
+pub(crate) mod telemetry;
 pub(crate) mod view;
 pub(crate) mod watch;
 
@@ -39,6 +40,7 @@ pub const COMMIT_TO_ACK: &str = "outboxd_commit_to_ack_seconds";
 pub const HEARTBEAT_AGE: &str = "outboxd_heartbeat_age_seconds";
 pub const HEARTBEAT_DELAY: &str = "outboxd_heartbeat_delay_seconds";
 pub const IGNORED_CHANGES: &str = "outboxd_ignored_changes_total";
+pub const TRACE_SPANS_DROPPED: &str = "outboxd_trace_spans_dropped_total";
 pub const RETRY_BACKOFF: &str = "outboxd_retry_backoff_seconds";
 pub const PARKED: &str = "outboxd_parked_events";
 pub const PARKED_OLDEST_AGE: &str = "outboxd_parked_oldest_age_seconds";
@@ -159,6 +161,11 @@ pub const METRICS: &[(&str, &str)] = &[
         "seconds from emitting the last heartbeat on the source to receiving it",
     ),
     (
+        TRACE_SPANS_DROPPED,
+        "finished trace spans that never reached the OTLP receiver (queue full, receiver down or \
+         slow); delivery is never held for them",
+    ),
+    (
         IGNORED_CHANGES,
         "changes of other tables or kinds (update/delete/truncate) ignored",
     ),
@@ -217,6 +224,7 @@ pub fn describe() {
     metrics::gauge!(SLOT_LAST_LOSS).set(0.0);
     metrics::counter!(PRODUCE_RETRIES).absolute(0);
     metrics::counter!(FENCINGS).absolute(0);
+    metrics::counter!(TRACE_SPANS_DROPPED).increment(0);
     // Present from the start, so the first refusal is an increase the alert sees.
     for class in ["auth", "tls"] {
         metrics::counter!(BROKER_ERRORS, "class" => class).absolute(0);

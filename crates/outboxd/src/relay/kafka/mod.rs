@@ -13,11 +13,12 @@ pub(crate) mod hint;
 mod log;
 pub(crate) mod oidc;
 pub(crate) mod outstanding;
+mod trace;
 pub(crate) mod txn;
 pub(crate) mod verdict;
 
+pub use verdict::{broker_error_class, Ack, Origin, Verdict};
 use verdict::{capture, header_str};
-pub use verdict::{Ack, Origin, Verdict};
 
 use crate::config::Config;
 use crate::error::RelayError;
@@ -55,6 +56,8 @@ pub struct Ctx {
     txn: Option<std::sync::Arc<txn::Txn>>,
     /// Records accepted and not yet reported on (the adaptive pace sleeps on it).
     outstanding: outstanding::Outstanding,
+    /// With `[telemetry]`: the publish spans of records not yet acknowledged (`trace`).
+    telemetry: Option<crate::obs::telemetry::Telemetry>,
 }
 
 fn now_ms() -> u64 {
@@ -136,25 +139,6 @@ impl ClientContext for Ctx {
     }
 }
 
-/// The class of an error librdkafka reports about its broker connections (bounded metric label):
-/// `auth` (SASL refused: credentials, mechanism), `tls` (handshake, certificate), `down` (all
-/// brokers unreachable), `transport` (one connection failed), `other`.
-///
-/// Each is transient for a running relay: librdkafka keeps reconnecting with backoff and the
-/// events wait (credentials get rotated, certificates renewed).
-pub fn broker_error_class(code: Option<RDKafkaErrorCode>) -> &'static str {
-    use RDKafkaErrorCode as C;
-    match code {
-        Some(C::Authentication | C::SaslAuthenticationFailed | C::UnsupportedSASLMechanism) => {
-            "auth"
-        }
-        Some(C::SSL) => "tls",
-        Some(C::AllBrokersDown) => "down",
-        Some(C::BrokerTransportFailure | C::Resolve | C::OperationTimedOut) => "transport",
-        _ => "other",
-    }
-}
-
 impl ProducerContext for Ctx {
     type DeliveryOpaque = usize;
 
@@ -200,6 +184,7 @@ impl ProducerContext for Ctx {
                 verdict
             }
         };
+        trace::delivered(self, opaque, result, &verdict);
         match &self.txn {
             Some(t) => {
                 let ack = Ack::now(origin, verdict);
@@ -309,6 +294,7 @@ impl Producer {
                 txn: transactional_id
                     .map(|_| std::sync::Arc::new(txn::Txn::new(outstanding.clone()))),
                 outstanding,
+                telemetry: trace::telemetry(cfg)?,
             })
             // librdkafka refuses the configuration itself: retrying cannot help.
             .map_err(|e| {
@@ -355,17 +341,20 @@ impl Producer {
     /// full; any other immediate refusal (e.g. larger than `message.max.bytes`) becomes an
     /// [`Ack`] on the same channel as the broker's verdicts, before this returns.
     pub async fn send(&self, topic: &str, e: &Event<'_>, seq: Seq) {
+        let ctx = self.inner.context();
+        let span = trace::start_event(ctx, topic, e);
         let mut headers = Some(OwnedHeaders::new_with_capacity(self.headers_cap));
         // Header JSON was validated by the stage before this call. `Option::take` moves the
         // list through `insert` without allocating a replacement.
         let _ = e.for_each_header(|k, v| {
+            let v = trace::rewrite(&span, k, v);
             headers = headers
                 .take()
                 .map(|h| h.insert(Header { key: k, value: v }));
         });
-        let headers = headers.unwrap_or_default();
+        let headers = trace::add_missing(&span, headers.unwrap_or_default());
         let origin = Origin::Stream(seq);
-        let ctx = self.inner.context();
+        trace::hold(ctx, origin.to_opaque(), span);
         if ctx.txn.is_some() {
             let parked = || e.parked_record(Some(topic));
             if let Some(v) = txn::refused_before(&ctx.observed, e.event_id, parked) {
@@ -396,14 +385,17 @@ impl Producer {
     /// Enqueues a parked record (parking row `id`) exactly as it was captured; refusals as in
     /// [`Producer::send`].
     pub async fn send_parked(&self, r: &ParkedRecord, id: i64) {
+        let span = trace::start_release(self.inner.context(), r);
         let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
         for (k, v) in &r.headers {
             headers = headers.insert(Header {
                 key: k,
-                value: v.as_deref().map(str::as_bytes),
+                value: trace::rewrite(&span, k, v.as_deref().map(str::as_bytes)),
             });
         }
+        let headers = trace::add_missing(&span, headers);
         let origin = Origin::Release(id);
+        trace::hold(self.inner.context(), origin.to_opaque(), span);
         let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(
             r.topic.as_deref().unwrap_or(""),
             origin.to_opaque(),
@@ -458,6 +450,7 @@ impl Producer {
                         ctx.redactor.scrub(&err.to_string()),
                         parked,
                     );
+                    trace::finish(ctx, origin.to_opaque(), -1, None, &verdict);
                     let _ = ctx.acks.send(Ack::now(origin, verdict));
                     return;
                 }

@@ -157,6 +157,25 @@ pub(super) fn header_str<'a>(m: &'a rdkafka::message::BorrowedMessage<'a>, name:
         .unwrap_or("?")
 }
 
+/// The class of an error librdkafka reports about its broker connections (bounded metric label):
+/// `auth` (SASL refused: credentials, mechanism), `tls` (handshake, certificate), `down` (all
+/// brokers unreachable), `transport` (one connection failed), `other`.
+///
+/// Each is transient for a running relay: librdkafka keeps reconnecting with backoff and the
+/// events wait (credentials get rotated, certificates renewed).
+pub fn broker_error_class(code: Option<RDKafkaErrorCode>) -> &'static str {
+    use RDKafkaErrorCode as C;
+    match code {
+        Some(C::Authentication | C::SaslAuthenticationFailed | C::UnsupportedSASLMechanism) => {
+            "auth"
+        }
+        Some(C::SSL) => "tls",
+        Some(C::AllBrokersDown) => "down",
+        Some(C::BrokerTransportFailure | C::Resolve | C::OperationTimedOut) => "transport",
+        _ => "other",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,116 @@
+//! The producer's hooks into `obs::telemetry`: a publish span per sampled record, started
+//! before the record is handed to librdkafka, its `traceparent` header rewritten to the span,
+//! ended by the delivery report. Nothing here runs without `[telemetry]`.
+
+use super::{Ctx, Verdict};
+use crate::error::RelayError;
+use crate::obs::telemetry::span::{Failure, Publish, RowTrace, Started, Telemetry};
+use crate::poison::record::ParkedRecord;
+use crate::relay::route::Event;
+use rdkafka::message::{Header, Message as _, OwnedHeaders};
+use rdkafka::producer::DeliveryResult;
+
+/// The span of a stream event (`None`: telemetry off, or the row is not sampled).
+/// The producer's telemetry (`None`: `[telemetry]` is off).
+pub(super) fn telemetry(cfg: &crate::config::Config) -> Result<Option<Telemetry>, RelayError> {
+    Telemetry::new(&cfg.telemetry, &cfg.redactor).map_err(RelayError::Setup)
+}
+
+pub(super) fn start_event(ctx: &Ctx, topic: &str, e: &Event<'_>) -> Option<Started> {
+    let t = ctx.telemetry.as_ref()?;
+    let mut row = RowTrace::default();
+    let _ = e.for_each_header(|k, v| row.see(k, v));
+    let p = Publish {
+        topic,
+        event_id: e.event_id,
+        key: e.aggregate_id,
+    };
+    t.start(&p, &row, None)
+}
+
+/// The span of a released parked record: in the trace its stored `traceparent` names (the
+/// original publish span), linked to that span.
+pub(super) fn start_release(ctx: &Ctx, r: &ParkedRecord) -> Option<Started> {
+    let t = ctx.telemetry.as_ref()?;
+    let mut row = RowTrace::default();
+    for (k, v) in &r.headers {
+        row.see(k, v.as_deref().map(str::as_bytes));
+    }
+    let link = row.traceparent.as_deref().and_then(|tp| {
+        crate::obs::telemetry::span::parse_traceparent(tp, row.tracestate.as_deref())
+    });
+    let key = r.key.as_deref().and_then(|k| std::str::from_utf8(k).ok());
+    let p = Publish {
+        topic: r.topic.as_deref().unwrap_or(""),
+        event_id: &r.event_id,
+        key,
+    };
+    t.start(&p, &row, link)
+}
+
+/// The value header `k` carries: the span's `traceparent` instead of the row's.
+pub(super) fn rewrite<'a>(
+    span: &'a Option<Started>,
+    k: &str,
+    v: Option<&'a [u8]>,
+) -> Option<&'a [u8]> {
+    match span {
+        Some(s) if k.eq_ignore_ascii_case("traceparent") => Some(s.header.as_bytes()),
+        _ => v,
+    }
+}
+
+/// A root span (row without a `traceparent`) adds the header.
+pub(super) fn add_missing(span: &Option<Started>, headers: OwnedHeaders) -> OwnedHeaders {
+    use rdkafka::message::Headers as _;
+    let Some(s) = span else {
+        return headers;
+    };
+    let has = headers
+        .iter()
+        .any(|h| h.key.eq_ignore_ascii_case("traceparent"));
+    if has {
+        return headers;
+    }
+    headers.insert(Header {
+        key: "traceparent",
+        value: Some(s.header.as_bytes()),
+    })
+}
+
+pub(super) fn hold(ctx: &Ctx, opaque: usize, span: Option<Started>) {
+    if let (Some(t), Some(s)) = (&ctx.telemetry, span) {
+        t.hold(opaque, s);
+    }
+}
+
+/// Ends the span of `opaque` with what became of its record.
+/// Ends the span of a delivery report's record.
+pub(super) fn delivered(ctx: &Ctx, opaque: usize, r: &DeliveryResult<'_>, v: &Verdict) {
+    let (p, o) = match r {
+        Ok(m) => (m.partition(), Some(m.offset())),
+        Err((_, m)) => (m.partition(), None),
+    };
+    finish(ctx, opaque, p, o, v);
+}
+
+pub(super) fn finish(ctx: &Ctx, opaque: usize, p: i32, offset: Option<i64>, v: &Verdict) {
+    let Some(t) = &ctx.telemetry else {
+        return;
+    };
+    let failure = match v {
+        Verdict::Delivered => None,
+        Verdict::Retriable { class, .. } => Some(Failure {
+            event: "outboxd.retry",
+            class,
+            what: "delivery failed; the session restarts and produces the event again",
+        }),
+        Verdict::Rejected { class, .. } => Some(Failure {
+            event: "outboxd.rejected",
+            class,
+            what: "the broker refused the record for good; it is parked or the relay halts, \
+                   per the event type's policy",
+        }),
+    };
+    t.finish(opaque, p, offset, failure);
+}

@@ -1,0 +1,481 @@
+//! OpenTelemetry (issue 43): the relay's publish spans as an OTLP receiver built on the
+//! OpenTelemetry project's generated protocol code (`opentelemetry-proto`, its tonic server)
+//! receives them — parentage, the Kafka attributes, the record's `traceparent` continuing the
+//! span, unsampled rows, and a receiver that is down and comes back.
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode, Span};
+use outboxd_tests::testkit::free_port;
+use outboxd_tests::*;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use uuid::Uuid;
+
+const TOPIC: &str = "outbox.event.order";
+
+/// Every span the receiver got, in arrival order.
+#[derive(Clone, Default)]
+struct Received(Arc<Mutex<Vec<Span>>>);
+
+#[tonic::async_trait]
+impl TraceService for Received {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut all = self.0.lock().unwrap();
+        for rs in req.into_inner().resource_spans {
+            for ss in rs.scope_spans {
+                all.extend(ss.spans);
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+impl Received {
+    fn spans(&self) -> Vec<Span> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// An OTLP/gRPC receiver on `port` until the returned sender is dropped or fired.
+fn receiver(port: u16, r: Received) -> tokio::sync::oneshot::Sender<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(r))
+            .serve_with_shutdown(([127, 0, 0, 1], port).into(), async {
+                let _ = rx.await;
+            })
+            .await
+            .expect("OTLP receiver");
+    });
+    tx
+}
+
+/// An OTLP/HTTP (protobuf) receiver on `port`: HTTP/1.1 by hand (the exporter sends a
+/// `Content-Length` body to `/v1/traces`), the body decoded by the generated protocol code.
+async fn http_receiver(port: u16, r: Received) -> anyhow::Result<()> {
+    use prost::Message as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = l.accept().await {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let head_end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 8192];
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                    assert!(head.starts_with("post /v1/traces "), "{head}");
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < head_end + len {
+                        let mut chunk = [0u8; 8192];
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let req =
+                        ExportTraceServiceRequest::decode(&buf[head_end..head_end + len]).unwrap();
+                    {
+                        let mut all = r.0.lock().unwrap();
+                        for rs in req.resource_spans {
+                            for ss in rs.scope_spans {
+                                all.extend(ss.spans);
+                            }
+                        }
+                    }
+                    buf.drain(..head_end + len);
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if sock.write_all(ok.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+fn attr(s: &Span, k: &str) -> Option<String> {
+    s.attributes
+        .iter()
+        .find(|a| a.key == k)
+        .and_then(|a| a.value.as_ref()?.value.as_ref())
+        .map(|v| match v {
+            Value::StringValue(s) => s.clone(),
+            Value::IntValue(i) => i.to_string(),
+            other => format!("{other:?}"),
+        })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn insert(c: &tokio_postgres::Client, agg: &str, headers: &str) -> anyhow::Result<Uuid> {
+    let id = Uuid::now_v7();
+    c.execute(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers) \
+         VALUES ($1, 'order', $2, 1, 'OrderPlaced', '{\"secret\": \"payload-must-not-leak\"}', $3::text::jsonb)",
+        &[&id, &agg, &headers],
+    )
+    .await?;
+    Ok(id)
+}
+
+fn telemetry_toml(port: u16) -> String {
+    format!(
+        "[telemetry]\nendpoint = \"http://127.0.0.1:{port}\"\nschedule_delay_ms = 200\n\
+         timeout_ms = 1000\nheaders = \"x-api-key=otel-secret-key\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_rows_get_a_child_publish_span_and_the_record_continues_it() -> anyhow::Result<()> {
+    let port = free_port();
+    let got = Received::default();
+    let _stop = receiver(port, got.clone());
+    let mut env = Env::start("otel").await?;
+    env.extra_toml = telemetry_toml(port);
+    create_topics(&env.bootstrap(), &[TOPIC], 2).await?;
+    let relay = Relay::start(env.config()?);
+    let c = env.sql().await?;
+
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = "00f067aa0ba902b7";
+    let sampled = insert(
+        &c,
+        "o-1",
+        &format!(r#"{{"traceparent": "00-{trace}-{parent}-01", "tracestate": "vendor=x"}}"#),
+    )
+    .await?;
+    let unsampled_tp = "00-5bf92f3577b34da6a3ce929d0e0e4736-10f067aa0ba902b7-00";
+    let unsampled = insert(
+        &c,
+        "o-2",
+        &format!(r#"{{"traceparent": "{unsampled_tp}"}}"#),
+    )
+    .await?;
+    let bare = insert(&c, "o-3", "{}").await?;
+
+    let recs = read_topic(&env.bootstrap(), TOPIC, 3, Duration::from_secs(30))?;
+    assert_eq!(recs.len(), 3);
+    let rec = |id: Uuid| {
+        recs.iter()
+            .find(|r| r.header("event_id") == id.to_string())
+            .unwrap()
+            .clone()
+    };
+    eventually(Duration::from_secs(20), || async {
+        Ok(!got.spans().is_empty())
+    })
+    .await?;
+    // Let any stray span arrive before counting.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let spans = got.spans();
+    assert_eq!(
+        spans.len(),
+        1,
+        "one span, for the sampled row only: {spans:#?}"
+    );
+    let s = &spans[0];
+    assert_eq!(hex(&s.trace_id), trace, "the row's trace");
+    assert_eq!(hex(&s.parent_span_id), parent, "child of the row's span");
+    assert_eq!(s.kind, SpanKind::Producer as i32);
+    assert_eq!(s.name, format!("send {TOPIC}"));
+    let r = rec(sampled);
+    for (k, v) in [
+        ("messaging.system", "kafka".to_string()),
+        ("messaging.destination.name", TOPIC.to_string()),
+        (
+            "messaging.destination.partition.id",
+            r.partition.to_string(),
+        ),
+        ("messaging.kafka.offset", r.offset.to_string()),
+        ("messaging.kafka.message.key", "o-1".to_string()),
+        ("messaging.message.id", sampled.to_string()),
+    ] {
+        assert_eq!(attr(s, k).as_deref(), Some(v.as_str()), "{k}");
+    }
+    assert!(s.end_time_unix_nano >= s.start_time_unix_nano);
+    assert_ne!(
+        s.status.as_ref().map(|st| st.code),
+        Some(StatusCode::Error as i32)
+    );
+    let dump = format!("{s:?}");
+    assert!(!dump.contains("payload-must-not-leak") && !dump.contains("otel-secret-key"));
+    // The record continues the publish span; tracestate travels as it was.
+    assert_eq!(
+        r.header("traceparent"),
+        format!("00-{trace}-{}-01", hex(&s.span_id))
+    );
+    assert_eq!(r.header("tracestate"), "vendor=x");
+    // Unsampled and bare rows: no span, headers untouched.
+    assert_eq!(rec(unsampled).header("traceparent"), unsampled_tp);
+    assert!(!rec(bare).headers.contains_key("traceparent"));
+    // The inbox library reads the publish span's context back from the record.
+    let cx = outboxd_inbox::trace_context(&rec(sampled).headers).expect("trace context");
+    assert_eq!((cx.trace_id.as_str(), cx.sampled), (trace, true));
+    assert_eq!(cx.parent_span_id, hex(&s.span_id));
+    relay.shutdown().await?;
+    Ok(())
+}
+
+/// `protocol = "http/protobuf"`: the same span (parentage, header continuation) over OTLP/HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_go_over_http_protobuf_too() -> anyhow::Result<()> {
+    let port = free_port();
+    let got = Received::default();
+    http_receiver(port, got.clone()).await?;
+    let mut env = Env::start("otel_http").await?;
+    env.extra_toml = format!(
+        "{}protocol = \"http/protobuf\"\nservice_name = \"relay-under-test\"\n",
+        telemetry_toml(port)
+    );
+    create_topics(&env.bootstrap(), &[TOPIC], 1).await?;
+    let relay = Relay::start(env.config()?);
+    let c = env.sql().await?;
+    let trace = "6bf92f3577b34da6a3ce929d0e0e4736";
+    let id = insert(
+        &c,
+        "h-1",
+        &format!(r#"{{"traceparent": "00-{trace}-20f067aa0ba902b7-01"}}"#),
+    )
+    .await?;
+    let recs = read_topic(&env.bootstrap(), TOPIC, 1, Duration::from_secs(30))?;
+    eventually(Duration::from_secs(20), || async {
+        Ok(!got.spans().is_empty())
+    })
+    .await?;
+    let s = &got.spans()[0];
+    assert_eq!(hex(&s.trace_id), trace);
+    assert_eq!(hex(&s.parent_span_id), "20f067aa0ba902b7");
+    assert_eq!(attr(s, "messaging.message.id"), Some(id.to_string()));
+    assert_eq!(
+        recs[0].header("traceparent"),
+        format!("00-{trace}-{}-01", hex(&s.span_id))
+    );
+    relay.shutdown().await?;
+    Ok(())
+}
+
+/// A record refused for good (too large) ends its span with error status and event
+/// `outboxd.rejected`; after `outboxd parked retry` the released record gets a new span in the
+/// same trace, linked to the context its parked copy carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_event_errors_and_its_release_links_back() -> anyhow::Result<()> {
+    let port = free_port();
+    let got = Received::default();
+    let _stop = receiver(port, got.clone());
+    let mut env = Env::start("otel_parked").await?;
+    env.kafka_toml = "\"message.max.bytes\" = \"20000\"".into();
+    env.extra_toml = telemetry_toml(port);
+    create_topics(&env.bootstrap(), &[TOPIC], 1).await?;
+    let relay = Relay::start(env.config()?);
+    let c = env.sql().await?;
+    let trace = "7bf92f3577b34da6a3ce929d0e0e4736";
+    let row_span = "30f067aa0ba902b7";
+    let id = Uuid::now_v7();
+    let big = serde_json::json!({"blob": "x".repeat(30_000)});
+    c.execute(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers) \
+         VALUES ($1, 'order', 'p-1', 1, 'OrderPlaced', $2, $3::text::jsonb)",
+        &[&id, &big, &format!(r#"{{"traceparent": "00-{trace}-{row_span}-01"}}"#)],
+    )
+    .await?;
+    eventually(Duration::from_secs(20), || async {
+        Ok(!got.spans().is_empty())
+    })
+    .await?;
+    let first = got.spans()[0].clone();
+    assert_eq!(hex(&first.parent_span_id), row_span);
+    assert_eq!(
+        first.status.as_ref().map(|s| s.code),
+        Some(StatusCode::Error as i32)
+    );
+    assert!(first.events.iter().any(|e| e.name == "outboxd.rejected"));
+    assert_eq!(attr(&first, "error.type").as_deref(), Some("too_large"));
+    assert!(
+        !format!("{first:?}").contains("xxxxxxxxxx"),
+        "payload in a span"
+    );
+
+    env.confirmed_past_now(Duration::from_secs(30)).await?;
+    let fixed = env.dir.path().join("fixed.json");
+    std::fs::write(&fixed, r#"{"blob": "trimmed"}"#)?;
+    let cfg = env.config_file()?;
+    let (code, out) = outboxd_cli(
+        &[
+            "parked",
+            "retry",
+            &id.to_string(),
+            "--payload",
+            fixed.to_str().unwrap(),
+            "--operator",
+            "alice",
+            "--reason",
+            "trim",
+        ],
+        &cfg,
+    );
+    assert_eq!(code, 0, "{out}");
+    let recs = read_topic(&env.bootstrap(), TOPIC, 1, Duration::from_secs(30))?;
+    eventually(Duration::from_secs(20), || async {
+        Ok(got.spans().len() >= 2)
+    })
+    .await?;
+    let release = got.spans()[1].clone();
+    assert_eq!(hex(&release.trace_id), trace, "the same trace");
+    assert_eq!(release.links.len(), 1, "{release:?}");
+    let link = &release.links[0];
+    assert_eq!(hex(&link.trace_id), trace);
+    // librdkafka refused the record before it left (larger than message.max.bytes), so its
+    // parked copy carries the row's traceparent: the release is a child of, and links to, the
+    // row's span.
+    assert_eq!(hex(&link.span_id), row_span);
+    assert_eq!(hex(&release.parent_span_id), row_span);
+    assert!(release
+        .events
+        .iter()
+        .any(|e| e.name == "outboxd.republished"));
+    assert_eq!(
+        recs[0].header("traceparent"),
+        format!("00-{trace}-{}-01", hex(&release.span_id))
+    );
+    relay.shutdown().await?;
+    Ok(())
+}
+
+/// The receiver is down: delivery goes on (every record arrives), the spans that could not be
+/// exported are counted; once it is back, spans of new rows arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_down_never_holds_delivery_and_spans_resume() -> anyhow::Result<()> {
+    let port = free_port();
+    let maddr = format!("127.0.0.1:{}", free_port());
+    let mut env = Env::start("otel_down").await?;
+    env.extra_toml = format!(
+        "{}root_sample_ratio = 1.0\n[metrics]\nlisten = \"{maddr}\"\n",
+        telemetry_toml(port)
+    );
+    create_topics(&env.bootstrap(), &[TOPIC], 2).await?;
+    let mut relay = RelayProcess::spawn(&env.config_file()?, env.dir.path().join("relay.log"))?;
+    let c = env.sql().await?;
+    for i in 0..50 {
+        insert(&c, &format!("d-{i}"), "{}").await?;
+    }
+    let recs = read_topic(&env.bootstrap(), TOPIC, 50, Duration::from_secs(30))?;
+    assert_eq!(recs.len(), 50, "delivery goes on without the receiver");
+    assert!(recs
+        .iter()
+        .all(|r| r.header("traceparent").starts_with("00-")));
+    let dropped = || {
+        http_get(&maddr, "/metrics")
+            .1
+            .lines()
+            .find(|l| l.starts_with("outboxd_trace_spans_dropped_total"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    eventually(Duration::from_secs(20), || async { Ok(dropped() >= 50.0) }).await?;
+
+    let got = Received::default();
+    let _stop = receiver(port, got.clone());
+    let mut back = Vec::new();
+    for i in 0..5 {
+        back.push(insert(&c, &format!("u-{i}"), "{}").await?.to_string());
+    }
+    eventually(Duration::from_secs(30), || async {
+        let ids: Vec<String> = got
+            .spans()
+            .iter()
+            .filter_map(|s| attr(s, "messaging.message.id"))
+            .collect();
+        Ok(back.iter().all(|b| ids.contains(b)))
+    })
+    .await?;
+    let recs = read_topic(&env.bootstrap(), TOPIC, 55, Duration::from_secs(30))?;
+    assert_eq!(recs.len(), 55);
+    let _ = relay.child.kill();
+    let _ = relay.child.wait();
+    Ok(())
+}
+
+/// Backlog throughput with tracing off, every row sampled, and 1 % sampled, in one run (a
+/// measurement, not a check: `cargo nextest run -p outboxd-tests --test otel --run-ignored
+/// only`, figures printed; docs/benchmarks.md). Debug build of the relay process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn bench_backlog_with_tracing_off_all_and_one_percent_sampled() -> anyhow::Result<()> {
+    let n: i64 = std::env::var("OTEL_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let mut lines = Vec::new();
+    for (mode, every) in [
+        ("off", 0),
+        ("all sampled", 1),
+        ("1 % sampled", 100),
+        ("off", 0),
+    ] {
+        let port = free_port();
+        let got = Received::default();
+        let _stop = receiver(port, got.clone());
+        let mut env = Env::start("otel_bench").await?;
+        if every > 0 {
+            env.extra_toml = telemetry_toml(port);
+        }
+        create_topics(&env.bootstrap(), &[TOPIC], 3).await?;
+        let c = env.sql().await?;
+        // Every row carries a traceparent; `every` says which are sampled (0: all, unexported).
+        let sampled = if every == 0 { 1 } else { every };
+        c.execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, payload, headers) \
+             SELECT gen_random_uuid(), 'order', 'b-' || i, 1, 'OrderPlaced', '{\"n\": 1}', \
+                    jsonb_build_object('traceparent', '00-' || md5(i::text) || '-' || substr(md5('s' || i), 1, 16) \
+                                       || CASE WHEN i % $2 = 0 THEN '-01' ELSE '-00' END) \
+             FROM generate_series(1, $1::bigint) i",
+            &[&n, &(sampled as i64)],
+        )
+        .await?;
+        let t0 = std::time::Instant::now();
+        let mut relay = RelayProcess::spawn(&env.config_file()?, env.dir.path().join("relay.log"))?;
+        env.confirmed_past_now(Duration::from_secs(300)).await?;
+        let secs = t0.elapsed().as_secs_f64();
+        let _ = relay.child.kill();
+        let _ = relay.child.wait();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let line = format!(
+            "{mode}: {n} events in {secs:.2} s = {:.0} events/s, {} spans received",
+            n as f64 / secs,
+            got.spans().len()
+        );
+        eprintln!("{line}");
+        lines.push(line);
+    }
+    println!("{}", lines.join("\n"));
+    Ok(())
+}
