@@ -29,6 +29,7 @@
 
 pub mod bare;
 pub mod bench;
+pub mod bytea;
 pub mod chart;
 pub mod consume;
 pub mod contest;
