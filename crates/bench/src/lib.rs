@@ -29,6 +29,7 @@
 
 pub mod bare;
 pub mod bench;
+pub mod bytea;
 pub mod ce;
 pub mod chart;
 pub mod consume;

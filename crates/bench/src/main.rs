@@ -28,6 +28,8 @@ enum Cmd {
     Standby(Box<standby::Opts>),
     /// outboxd against mq-bridge at light load, commit → consumer (issue 28).
     Mqbridge(Box<mqbridge::Opts>),
+    /// Backlog rate of a bytea outbox (1 KiB binary payloads) against jsonb (issue 46).
+    Bytea(Box<outboxd_bench::bytea::Opts>),
     /// Re-render the Markdown and the chart of an earlier run from its JSON report.
     Render {
         #[arg(long)]
@@ -72,6 +74,10 @@ fn main() -> anyhow::Result<()> {
                 )?;
                 let svg = chart_path.map(|p| (p, chart::latency_svg(&report)));
                 write_out(&report.markdown(), markdown, None, svg)
+            }
+            Cmd::Bytea(o) => {
+                println!("{}", outboxd_bench::bytea::run(*o).await?);
+                Ok(())
             }
             Cmd::Tables(o) => {
                 let out = o.out.clone();

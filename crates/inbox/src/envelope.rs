@@ -234,6 +234,26 @@ mod tests {
     }
 
     #[test]
+    fn a_binary_payload_is_handed_through_as_its_bytes() {
+        // A bytea outbox (issue 46): registry-framed Avro, NUL and 0xff included.
+        let bytes = vec![0, 0, 0, 0, 1, 0xff, 0, 0x80];
+        let mut m = record(&full(), Some("o-1"));
+        m = OwnedMessage::new(
+            Some(bytes.clone()),
+            m.key().map(<[u8]>::to_vec),
+            m.topic().into(),
+            m.timestamp(),
+            m.partition(),
+            m.offset(),
+            m.headers().cloned(),
+        );
+        let env = Envelope::from_message(&m).unwrap();
+        assert_eq!(env.payload, bytes);
+        assert!(!env.is_tombstone());
+        assert!(env.payload_as::<serde_json::Value>().is_err());
+    }
+
+    #[test]
     fn missing_event_id_is_a_typed_error() {
         let hs: Vec<_> = full().into_iter().filter(|h| h.0 != "event_id").collect();
         assert_eq!(

@@ -13,6 +13,7 @@ use clap::Subcommand;
 use std::path::PathBuf;
 
 mod bulk;
+mod payload;
 
 #[derive(Subcommand, Debug)]
 pub enum ParkedCmd {
@@ -37,7 +38,8 @@ pub enum ParkedCmd {
         #[command(flatten)]
         repair: RepairDsn,
     },
-    /// Republish with the same event_id, optionally with a corrected payload (JSON file).
+    /// Republish with the same event_id, optionally with a corrected payload (a JSON file; for
+    /// a bytea table, a file of raw bytes).
     ///
     /// The running relay republishes it through the live router: topic from the topic template,
     /// identity headers from the row's columns, the payload checked against its JSON Schema.
@@ -49,7 +51,8 @@ pub enum ParkedCmd {
         event_id: Option<String>,
         #[command(flatten)]
         select: bulk::BulkArgs,
-        /// A JSON file with the corrected payload (validated against the event's schema).
+        /// A file with the corrected payload: JSON (validated against the event's schema), or
+        /// for a table whose payload column is bytea its raw bytes, taken as they are.
         #[arg(long)]
         payload: Option<PathBuf>,
         /// Who asks (recorded in the audit row beside the database role).
@@ -144,17 +147,15 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
             let table = table_of(cfg, &sql, &event_id).await?;
             let new_payload = match payload {
                 None => None,
-                Some(p) => {
-                    let bytes = std::fs::read(&p).map_err(|e| {
-                        RelayError::Setup(format!("cannot read {}: {e}", p.display()))
-                    })?;
-                    let v: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
-                        RelayError::Setup(format!("{} is not JSON: {e}", p.display()))
-                    })?;
-                    validate(&table.validation, &sql, slot, &event_id, &v).await?;
-                    Some(v)
-                }
+                Some(p) => Some(payload::read(&table, &sql, &p).await?),
             };
+            if let Some(payload::Read::Json(v)) = &new_payload {
+                validate(&table.validation, &sql, slot, &event_id, v).await?;
+            }
+            let corrected = new_payload.as_ref().map(|p| match p {
+                payload::Read::Json(v) => operator::Corrected::Json(v),
+                payload::Read::Bytes(b) => operator::Corrected::Bytes(b),
+            });
             let req = operator::Request {
                 slot,
                 event_id: &event_id,
@@ -162,7 +163,7 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
                 reason: &reason,
             };
             let nulls = table.columns.resolve()?.debezium_nulls;
-            match operator::request_retry(&mut sql, &req, new_payload.as_ref(), nulls).await? {
+            match operator::request_retry(&mut sql, &req, corrected.as_ref(), nulls).await? {
                 operator::RetryOutcome::Requested => {}
                 operator::RetryOutcome::NotParked => return Err(not_parked(&event_id)),
                 operator::RetryOutcome::Unroutable(field) => {

@@ -107,3 +107,6 @@ impl RouteError {
         }
     }
 }
+
+/// The header a table's `content_type` is sent in.
+pub const CONTENT_TYPE_HEADER: &str = "content-type";

@@ -18,8 +18,10 @@
 use super::store::Release;
 use crate::config::tables::{OutboxTable, SOURCE_TABLE_HEADER};
 use crate::error::RelayError;
+use crate::model::bytea;
 use crate::model::columns::ColumnNames;
 use crate::model::route::is_reserved_header;
+use crate::model::route::CONTENT_TYPE_HEADER;
 use crate::model::sql::quote_ident;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -43,6 +45,8 @@ pub struct Provenance {
     /// `schema.table`); it is the relay's, not the row's, so not compared with the row's headers.
     tag: Option<String>,
     query: Option<String>,
+    /// The payload column is bytea: the row's text is `\x…` hex, compared as its bytes.
+    binary: bool,
 }
 
 impl Provenance {
@@ -58,6 +62,7 @@ impl Provenance {
                 quote_ident(&table.name)
             ),
             query: None,
+            binary: false,
         })
     }
 
@@ -94,6 +99,14 @@ impl Provenance {
                         self.table, self.names.event_id
                     ))
                 })?;
+            self.binary = sql
+                .query_opt(
+                    "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) \
+                     AND attname = $2 AND atttypid = 'bytea'::regtype AND NOT attisdropped",
+                    &[&self.table, &self.names.payload],
+                )
+                .await?
+                .is_some();
             let list: Vec<String> = self
                 .columns()
                 .iter()
@@ -128,13 +141,41 @@ impl Provenance {
                 Found::Unverified
             });
         };
-        let cols: Vec<Option<String>> = (0..row.len()).map(|i| row.get(i)).collect();
-        Ok(compare(&self.names, self.tag.as_deref(), r, &cols))
+        let mut cols: Vec<Option<String>> = (0..row.len()).map(|i| row.get(i)).collect();
+        if self.binary {
+            if bytes_differ(r, cols[5].as_deref()) {
+                return Ok(Found::Differs("payload"));
+            }
+            cols[5] = None;
+            return Ok(compare(&self.names, self.tag.as_deref(), r, &cols, true));
+        }
+        Ok(compare(&self.names, self.tag.as_deref(), r, &cols, false))
     }
 }
 
 /// The comparison itself (`cols` as [`Provenance::columns`] orders them).
-fn compare(names: &ColumnNames, tag: Option<&str>, r: &Release, cols: &[Option<String>]) -> Found {
+/// A bytea payload: the copy holds the bytes, the row its text output (hex or escape,
+/// whatever the session's `bytea_output`), compared decoded. A corrected copy is the audit
+/// row's, not the row's.
+fn bytes_differ(r: &Release, row_text: Option<&str>) -> bool {
+    if r.corrected {
+        return false;
+    }
+    match row_text.map(|t| bytea::decode(t.as_bytes())) {
+        None => r.record.payload.is_some(),
+        Some(Err(_)) => true,
+        Some(Ok(b)) => r.record.payload.as_deref() != Some(&b[..]),
+    }
+}
+
+/// `payload_checked`: the payload was compared already (a bytea one, as its bytes).
+fn compare(
+    names: &ColumnNames,
+    tag: Option<&str>,
+    r: &Release,
+    cols: &[Option<String>],
+    payload_checked: bool,
+) -> Found {
     let rec = &r.record;
     if let Some(tag) = tag {
         let stored = rec.headers.iter().find(|(k, _)| k == SOURCE_TABLE_HEADER);
@@ -157,7 +198,10 @@ fn compare(names: &ColumnNames, tag: Option<&str>, r: &Release, cols: &[Option<S
     {
         return Found::Differs("aggregate_version");
     }
-    if !r.corrected && rec.payload.as_deref() != cols[5].as_deref().map(str::as_bytes) {
+    if !r.corrected
+        && !payload_checked
+        && rec.payload.as_deref() != cols[5].as_deref().map(str::as_bytes)
+    {
         return Found::Differs("payload");
     }
     if r.retry {
@@ -186,6 +230,7 @@ fn compare(names: &ColumnNames, tag: Option<&str>, r: &Release, cols: &[Option<S
             || names.id_header && k.eq_ignore_ascii_case("id")
             || tag.is_some() && k == SOURCE_TABLE_HEADER
             || k == crate::model::cloudevents::CREATED_AT_HEADER
+            || names.content_type.is_some() && k.eq_ignore_ascii_case(CONTENT_TYPE_HEADER)
     };
     let mut stored: Vec<(String, String)> = rec
         .headers
@@ -271,7 +316,7 @@ mod tests {
     fn a_blocked_copy_must_match_its_row_in_every_field_the_record_carries() {
         let names = Columns::default().resolve().unwrap();
         assert_eq!(
-            compare(&names, None, &release(false, false), &row()),
+            compare(&names, None, &release(false, false), &row(), false),
             Found::Vouched
         );
         for (i, field, bad) in [
@@ -284,7 +329,7 @@ mod tests {
             let mut r = row();
             r[i] = Some(bad.to_string());
             assert_eq!(
-                compare(&names, None, &release(false, false), &r),
+                compare(&names, None, &release(false, false), &r, false),
                 Found::Differs(field)
             );
         }
@@ -298,17 +343,30 @@ mod tests {
         r[6] = None;
         // A corrected payload is the audit row's; the headers are what the operator saw.
         assert_eq!(
-            compare(&names, None, &release(true, true), &r),
+            compare(&names, None, &release(true, true), &r, false),
             Found::Vouched
         );
         assert_eq!(
-            compare(&names, None, &release(true, false), &r),
+            compare(&names, None, &release(true, false), &r, false),
             Found::Differs("payload")
         );
         r[2] = Some("Withdrawn".into());
         assert_eq!(
-            compare(&names, None, &release(true, true), &r),
+            compare(&names, None, &release(true, true), &r, false),
             Found::Differs("event_type")
         );
+    }
+
+    #[test]
+    fn a_bytea_payload_is_compared_as_its_bytes() {
+        let mut r = release(false, false);
+        r.record.payload = Some(vec![0, 0xff, b'\\']);
+        assert!(!bytes_differ(&r, Some("\\x00ff5c")));
+        assert!(!bytes_differ(&r, Some("\\000\\377\\\\")));
+        assert!(bytes_differ(&r, Some("\\x00ff5d")));
+        assert!(bytes_differ(&r, Some("\\x0")));
+        assert!(bytes_differ(&r, None));
+        // The operator's correction is the audit row's.
+        assert!(!bytes_differ(&release(true, true), Some("\\x01")));
     }
 }

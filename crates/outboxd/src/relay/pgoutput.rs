@@ -7,8 +7,6 @@
 
 use crate::model::stream::DecodeError;
 
-pub mod bytea;
-
 /// One column of a Relation message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {

@@ -87,14 +87,23 @@ pub struct Detail {
     pub table: Option<String>,
 }
 
+/// A payload as text for people: UTF-8 as it is; anything else (a bytea table's Avro or
+/// Protobuf bytes) in Postgres's `\x` hex notation, never lossy.
+fn readable(b: Vec<u8>) -> String {
+    String::from_utf8(b).unwrap_or_else(|e| {
+        let hex: String = e.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        format!("\\x{hex}")
+    })
+}
+
 pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Detail>, RelayError> {
     let Some(r) = sql
         .query_opt(
             &format!(
                 "SELECT state, event_type, aggregate_type, aggregate_id, aggregate_version, topic, \
                         error_class, error_message, attempts, first_seen::text, last_seen::text, \
-                        blocked_by, convert_from(coalesce((SELECT a.new_payload FROM outbox_parked_audit a \
-                          WHERE p.state = 'retry' AND a.id = p.retry_audit_id), payload), 'UTF8'), \
+                        blocked_by, coalesce((SELECT a.new_payload FROM outbox_parked_audit a \
+                          WHERE p.state = 'retry' AND a.id = p.retry_audit_id), payload), \
                         headers::text, {} \
                  FROM outbox_parked p WHERE slot = $1 AND event_id = $2",
                 super::table_of("p")
@@ -128,7 +137,7 @@ pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Det
         first_seen: r.get(9),
         last_seen: r.get(10),
         blocked_by: r.get(11),
-        payload: r.get(12),
+        payload: r.get::<_, Option<Vec<u8>>>(12).map(readable),
         headers: r.get(13),
         audit,
         table: r.get(14),
@@ -155,19 +164,27 @@ pub enum RetryOutcome {
     Unroutable(&'static str),
 }
 
+/// An operator's corrected payload: JSON (stored as jsonb writes it, like the outbox's), or
+/// a bytea table's raw bytes (stored as they are).
+pub enum Corrected<'a> {
+    Json(&'a serde_json::Value),
+    Bytes(&'a [u8]),
+}
+
 /// Marks a parked event for republishing (optionally with a corrected payload, stored as
-/// Postgres renders jsonb), in one transaction with its audit row, which the row then names
+/// Postgres renders jsonb, or as the bytes), in one transaction with its audit row, which the row then names
 /// (`retry_audit_id`): the relay releases nothing without it. `debezium_nulls`: a NULL
 /// aggregate id or event type is routable (the Debezium preset sends such events).
 pub async fn request_retry(
     sql: &mut Client,
     r: &Request<'_>,
-    payload: Option<&serde_json::Value>,
+    payload: Option<&Corrected<'_>>,
     debezium_nulls: bool,
 ) -> Result<RetryOutcome, RelayError> {
     let new_payload: Option<Vec<u8>> = match payload {
         None => None,
-        Some(v) => {
+        Some(Corrected::Bytes(b)) => Some(b.to_vec()),
+        Some(Corrected::Json(v)) => {
             let row = sql.query_one("SELECT $1::jsonb::text", &[v]).await?;
             Some(row.get::<_, String>(0).into_bytes())
         }

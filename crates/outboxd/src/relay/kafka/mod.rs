@@ -13,6 +13,7 @@ pub(crate) mod hint;
 mod log;
 pub(crate) mod oidc;
 pub(crate) mod outstanding;
+mod too_large;
 mod trace;
 pub(crate) mod txn;
 pub(crate) mod verdict;

@@ -100,11 +100,14 @@ pub(super) fn classify(
     record: impl FnOnce() -> ParkedRecord,
 ) -> Verdict {
     match code {
-        Some(c) if policy::is_deterministic(c) => Verdict::Rejected {
-            class: policy::class_of(c),
-            message,
-            record: record(),
-        },
+        Some(c) if policy::is_deterministic(c) => {
+            let (class, record) = (policy::class_of(c), record());
+            Verdict::Rejected {
+                message: super::too_large::explain(class, message, &record),
+                class,
+                record,
+            }
+        }
         _ => Verdict::Retriable {
             event_id,
             code: code

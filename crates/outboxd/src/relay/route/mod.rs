@@ -17,8 +17,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 pub use time::parse_timestamptz_ms;
 
-/// The header a table's `content_type` is sent in.
-pub const CONTENT_TYPE_HEADER: &str = "content-type";
+pub use crate::model::route::CONTENT_TYPE_HEADER;
 
 /// Where each event field sits in the tuple of the current Relation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,7 +62,7 @@ pub enum PayloadKind {
     /// text-like: each value is checked to be JSON (the inbox parses it).
     Text,
     /// bytea: published as exactly its bytes (Avro, Protobuf, any registry framing), decoded
-    /// from pgoutput's text output by [`crate::relay::pgoutput::bytea::decode`].
+    /// from pgoutput's text output by [`crate::model::bytea::decode`].
     Bytes,
 }
 
@@ -174,7 +173,7 @@ impl RowMapping {
     /// The payload's bytes: borrowed for text and JSON, decoded for bytea.
     fn payload_bytes<'a>(&self, text: &'a [u8]) -> Result<Cow<'a, [u8]>, RouteError> {
         match self.payload_kind {
-            PayloadKind::Bytes => crate::relay::pgoutput::bytea::decode(text)
+            PayloadKind::Bytes => crate::model::bytea::decode(text)
                 .map(Cow::Owned)
                 .map_err(|e| RouteError::BadBytea(e.to_string())),
             PayloadKind::Text => {
@@ -277,7 +276,7 @@ impl RowMapping {
             // A bytea payload parks as its bytes; text that is not bytea output as it came.
             payload: match vals.get(self.payload) {
                 Some(Value::Text(t)) if self.payload_kind == PayloadKind::Bytes => {
-                    Some(crate::relay::pgoutput::bytea::decode(t).unwrap_or_else(|_| t.to_vec()))
+                    Some(crate::model::bytea::decode(t).unwrap_or_else(|_| t.to_vec()))
                 }
                 Some(Value::Text(t)) => Some(t.to_vec()),
                 _ => None,

@@ -123,7 +123,7 @@ pub enum Rows {
 }
 
 /// Text output as the reader expects it (ISO timestamps in UTC, floats exact, bytea as `\x`
-/// hex whatever the database's `bytea_output`: decoded by `pgoutput::bytea` like the stream's).
+/// hex whatever the database's `bytea_output`: decoded by `model::bytea` like the stream's).
 const SESSION: &str = "SET datestyle = ISO, YMD; SET timezone = UTC; SET extra_float_digits = 3; \
                        SET bytea_output = hex";
 
