@@ -403,6 +403,8 @@ impl Event<'_> {
             + self.headers.map_or(0, str::len)
             + additional
             + 64
+            // The CloudEvents attributes (headers or envelope), roughly.
+            + if self.ce.is_some() { 320 } else { 0 }
     }
 }
 
