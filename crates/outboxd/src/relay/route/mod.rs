@@ -457,6 +457,8 @@ impl Event<'_> {
             + self.content_type.as_ref().map_or(0, |c| c.len() + 20)
             + additional
             + 64
+            // The CloudEvents attributes (headers or envelope), roughly.
+            + if self.ce.is_some() { 320 } else { 0 }
     }
 }
 
