@@ -139,21 +139,46 @@ pub fn database_of(dsn: &str) -> String {
         .to_string()
 }
 
-/// What the router needs of a table: `None` with the default format.
+/// What the router needs of a table (`t.cloudevents`: `[sink.cloudevents]` with the table's
+/// overrides): `None` with the default format.
 pub fn for_table(
     cfg: &super::Config,
-    schema: &str,
-    table: &str,
-    schema_dir: Option<&std::path::Path>,
+    t: &super::tables::OutboxTable,
 ) -> Result<Option<Arc<CloudEvents>>, SettingError> {
     if cfg.sink.format != Format::Cloudevents {
         return Ok(None);
     }
     let db = database_of(&cfg.source.dsn);
-    cfg.sink
-        .cloudevents
-        .resolve(&db, schema, table, schema_dir)
+    let dir = t.validation.schema_dir.as_deref();
+    t.cloudevents
+        .resolve(&db, &t.schema, &t.name, dir)
         .map(|c| Some(Arc::new(c)))
+}
+
+/// `[source.tables.cloudevents]`: a table's own `type`, `source` or `dataschema` template; each
+/// key set replaces `[sink.cloudevents]`'s for this table (the mode is the sink's: one format
+/// per relay).
+#[derive(Debug, Clone, Deserialize, Default, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CloudEventsOverride {
+    #[serde(default, rename = "type")]
+    pub type_: Option<String>,
+    #[serde(default)]
+    pub source: Option<String>,
+    #[serde(default)]
+    pub dataschema: Option<String>,
+}
+
+impl CloudEventsOverride {
+    /// `base` with the keys this override sets replaced.
+    pub fn merged(&self, base: &CloudEventsConfig) -> CloudEventsConfig {
+        CloudEventsConfig {
+            mode: base.mode,
+            type_: self.type_.clone().unwrap_or_else(|| base.type_.clone()),
+            source: self.source.clone().unwrap_or_else(|| base.source.clone()),
+            dataschema: self.dataschema.clone().or_else(|| base.dataschema.clone()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -191,5 +216,71 @@ mod tests {
         assert_eq!(database_of("postgres://u@h:5432/shop"), "shop");
         assert_eq!(database_of("host=/tmp dbname=app user=x"), "app");
         assert_eq!(database_of("host=/tmp user=x"), "x");
+    }
+
+    #[test]
+    fn a_table_overrides_type_and_source_and_keeps_them_on_every_path() {
+        use crate::config::Config;
+        let text = r#"
+[source]
+dsn = "postgres://u@h/shop"
+[sink]
+format = "cloudevents"
+[sink.cloudevents]
+type = "com.acme.{event_type}"
+[sink.kafka]
+"bootstrap.servers" = "b:9092"
+[[source.tables]]
+name = "orders.outbox"
+[source.tables.cloudevents]
+type = "com.acme.orders.{event_type}"
+source = "urn:acme:orders"
+[[source.tables]]
+name = "billing.outbox"
+[[source.tables]]
+pattern = "tenant_%.outbox"
+[source.tables.cloudevents]
+source = "/tenants/{schema}"
+"#;
+        let cfg = Config::from_toml_and_env(text, Vec::<(String, String)>::new()).unwrap();
+        let ty = |c: &CloudEvents| {
+            c.type_
+                .render(|v| matches!(v, Var::EventType).then(|| "Placed".to_string()))
+                .unwrap()
+        };
+        let of = |cfg: &Config, label: &str| {
+            let t = cfg
+                .tables()
+                .into_iter()
+                .find(|t| t.label() == label)
+                .unwrap();
+            t.columns.cloudevents.clone().expect("a CloudEvents table")
+        };
+        let orders = of(&cfg, "orders.outbox");
+        assert_eq!(
+            (ty(&orders).as_str(), orders.source.as_str()),
+            ("com.acme.orders.Placed", "urn:acme:orders")
+        );
+        let billing = of(&cfg, "billing.outbox");
+        assert_eq!(
+            (ty(&billing).as_str(), billing.source.as_str()),
+            ("com.acme.Placed", "/outboxd/shop/billing/outbox")
+        );
+        // A table a pattern matched gets the pattern's override; replay's one-table view keeps it.
+        let found = cfg.with_discovered(&[("tenant_a".into(), "outbox".into(), 2)]);
+        let tenant = of(&found, "tenant_a.outbox");
+        assert_eq!(
+            (ty(&tenant).as_str(), tenant.source.as_str()),
+            ("com.acme.Placed", "/tenants/tenant_a")
+        );
+        let one = cfg.for_table("orders.outbox").unwrap();
+        assert_eq!(of(&one, "orders.outbox").source, "urn:acme:orders");
+        // A bad override is refused at startup, naming the table.
+        let bad = text.replace("urn:acme:orders", "not a uri");
+        let e = Config::from_toml_and_env(&bad, Vec::<(String, String)>::new()).unwrap_err();
+        assert!(e.to_string().contains("orders.outbox"), "{e}");
+        let bad = text.replace("source = \"urn:acme:orders\"", "mode = \"structured\"");
+        let e = Config::from_toml_and_env(&bad, Vec::<(String, String)>::new()).unwrap_err();
+        assert!(e.to_string().contains("mode"), "{e}");
     }
 }

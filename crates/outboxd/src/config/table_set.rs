@@ -40,6 +40,9 @@ impl Config {
         if let Some(v) = t.validation {
             self.validation = v.merged(&self.validation);
         }
+        if let Some(ce) = t.cloudevents {
+            self.sink.cloudevents = ce.merged(&self.sink.cloudevents);
+        }
     }
 
     /// Every outbox table this relay reads, overrides applied, in configuration order.
@@ -49,9 +52,7 @@ impl Config {
         let mut all = self.tables_plain();
         // CloudEvents settings per table (errors are reported by validation at startup).
         for t in &mut all {
-            let dir = t.validation.schema_dir.as_deref();
-            t.columns.cloudevents =
-                super::cloudevents::for_table(self, &t.schema, &t.name, dir).unwrap_or(None);
+            t.columns.cloudevents = super::cloudevents::for_table(self, t).unwrap_or(None);
         }
         all
     }
@@ -67,6 +68,7 @@ impl Config {
                 discovered: None,
                 policy: self.policy.clone(),
                 validation: self.validation.clone(),
+                cloudevents: self.sink.cloudevents.clone(),
             }];
         }
         self.source
@@ -94,6 +96,10 @@ impl Config {
                     validation: match &t.validation {
                         Some(v) => v.merged(&self.validation),
                         None => self.validation.clone(),
+                    },
+                    cloudevents: match &t.cloudevents {
+                        Some(ce) => ce.merged(&self.sink.cloudevents),
+                        None => self.sink.cloudevents.clone(),
                     },
                 }
             })
@@ -134,6 +140,7 @@ impl Config {
                 discovered: entry.pattern.clone(),
                 policy: entry.policy.clone(),
                 validation: entry.validation.clone(),
+                cloudevents: entry.cloudevents.clone(),
             });
         }
         c
@@ -174,6 +181,7 @@ impl Config {
         one.sink.topic = t.topic.clone();
         one.policy = t.policy.clone();
         one.validation = t.validation.clone();
+        one.sink.cloudevents = t.cloudevents.clone();
         Ok(one)
     }
 

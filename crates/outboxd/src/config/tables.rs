@@ -48,6 +48,9 @@ pub struct TableEntry {
     /// This table's JSON Schema checks, merged with `[validation]` ([`ValidationOverride`]).
     #[serde(default)]
     pub validation: Option<ValidationOverride>,
+    /// This table's CloudEvents attributes, merged with `[sink.cloudevents]`.
+    #[serde(default)]
+    pub cloudevents: Option<super::cloudevents::CloudEventsOverride>,
 }
 
 /// `[source.tables.validation]`: each key set replaces `[validation]`'s for this table, so a
@@ -86,6 +89,8 @@ pub struct OutboxTable {
     pub policy: PolicyConfig,
     /// `[validation]` with this table's overrides merged in.
     pub validation: super::ValidationConfig,
+    /// `[sink.cloudevents]` with this table's overrides merged in.
+    pub cloudevents: super::cloudevents::CloudEventsConfig,
 }
 
 impl OutboxTable {

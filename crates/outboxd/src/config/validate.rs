@@ -221,8 +221,19 @@ impl Config {
         crate::model::tls::validate(s.tls()).map_err(invalid)?;
         crate::model::topic::TopicTemplate::parse(&self.sink.topic)?;
         for t in self.tables() {
-            let dir = t.validation.schema_dir.as_deref();
-            super::cloudevents::for_table(self, &t.schema, &t.name, dir)?;
+            super::cloudevents::for_table(self, &t)
+                .map_err(|e| invalid(format!("{} (table {})", e.0, t.label())))?;
+        }
+        // A pattern's override is resolved for each table it matches; check its templates now
+        // with stand-in names, so a typo fails at startup and not when a tenant joins.
+        if self.sink.format == super::cloudevents::Format::Cloudevents {
+            for t in &self.source.tables {
+                if let (Some(p), Some(o)) = (&t.pattern, &t.cloudevents) {
+                    o.merged(&self.sink.cloudevents)
+                        .resolve("database", "schema", "table", None)
+                        .map_err(|e| invalid(format!("{} (pattern {p})", e.0)))?;
+                }
+            }
         }
         if !self.sink.kafka.contains_key("bootstrap.servers") {
             return Err(invalid(
