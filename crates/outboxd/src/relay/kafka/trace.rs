@@ -10,12 +10,12 @@ use crate::relay::route::Event;
 use rdkafka::message::{Header, Message as _, OwnedHeaders};
 use rdkafka::producer::DeliveryResult;
 
-/// The span of a stream event (`None`: telemetry off, or the row is not sampled).
 /// The producer's telemetry (`None`: `[telemetry]` is off).
 pub(super) fn telemetry(cfg: &crate::config::Config) -> Result<Option<Telemetry>, RelayError> {
     Telemetry::new(&cfg.telemetry, &cfg.redactor).map_err(RelayError::Setup)
 }
 
+/// The span of a stream event (`None`: telemetry off, or the row is not sampled).
 pub(super) fn start_event(ctx: &Ctx, topic: &str, e: &Event<'_>) -> Option<Started> {
     let t = ctx.telemetry.as_ref()?;
     let mut row = RowTrace::default();
