@@ -190,6 +190,9 @@ async fn point(
         )
         .await?;
     let cpu = cpu0.delta(&CpuSnap::take(&pids));
+    if let Some(last) = written.commits.iter().map(|c| c.lsn).max() {
+        replayed_past(w, last, period).await?;
+    }
     let (acks, replays) = (ack.finish().await?, replay.finish().await?);
     f.stop(w).await?;
     // A slot-loss recovery inside a point would republish and skew every figure of it.
@@ -224,4 +227,28 @@ async fn point(
         replayed: latency::percentiles(replay_ms),
         verified: v,
     })
+}
+
+/// Waits (at most 30 s) until the standby replayed past `lsn`, then one more sampling period:
+/// the replay poller samples until it is stopped, and on a loaded machine the standby may still
+/// be replaying the point's last commits when the writers are done (seen in CI: "10 never
+/// replayed in the samples"). Past the bound the point fails as before, naming them.
+async fn replayed_past(w: &World, lsn: u64, period: Duration) -> Result<()> {
+    let s = w.slot_sql(true).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let at: i64 = s
+            .query_one(
+                "SELECT COALESCE((pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::int8, 0)",
+                &[],
+            )
+            .await?
+            .get(0);
+        if at as u64 >= lsn {
+            break;
+        }
+        tokio::time::sleep(period).await;
+    }
+    tokio::time::sleep(period * 2).await;
+    Ok(())
 }
