@@ -139,19 +139,20 @@ pub fn database_of(dsn: &str) -> String {
         .to_string()
 }
 
-/// What the router needs of a table (`t.cloudevents`: `[sink.cloudevents]` with the table's
-/// overrides): `None` with the default format.
+/// What the router needs of table `schema.table` (`ce`: `[sink.cloudevents]` with the table's
+/// overrides; `schema_dir`: its `[validation] schema_dir`): `None` with the default format.
 pub fn for_table(
     cfg: &super::Config,
-    t: &super::tables::OutboxTable,
+    schema: &str,
+    table: &str,
+    schema_dir: Option<&std::path::Path>,
+    ce: &CloudEventsConfig,
 ) -> Result<Option<Arc<CloudEvents>>, SettingError> {
     if cfg.sink.format != Format::Cloudevents {
         return Ok(None);
     }
     let db = database_of(&cfg.source.dsn);
-    let dir = t.validation.schema_dir.as_deref();
-    t.cloudevents
-        .resolve(&db, &t.schema, &t.name, dir)
+    ce.resolve(&db, schema, table, schema_dir)
         .map(|c| Some(Arc::new(c)))
 }
 

@@ -52,7 +52,10 @@ impl Config {
         let mut all = self.tables_plain();
         // CloudEvents settings per table (errors are reported by validation at startup).
         for t in &mut all {
-            t.columns.cloudevents = super::cloudevents::for_table(self, t).unwrap_or(None);
+            let dir = t.validation.schema_dir.as_deref();
+            t.columns.cloudevents =
+                super::cloudevents::for_table(self, &t.schema, &t.name, dir, &t.cloudevents)
+                    .unwrap_or(None);
         }
         all
     }

@@ -221,7 +221,8 @@ impl Config {
         crate::model::tls::validate(s.tls()).map_err(invalid)?;
         crate::model::topic::TopicTemplate::parse(&self.sink.topic)?;
         for t in self.tables() {
-            super::cloudevents::for_table(self, &t)
+            let dir = t.validation.schema_dir.as_deref();
+            super::cloudevents::for_table(self, &t.schema, &t.name, dir, &t.cloudevents)
                 .map_err(|e| invalid(format!("{} (table {})", e.0, t.label())))?;
         }
         // A pattern's override is resolved for each table it matches; check its templates now
