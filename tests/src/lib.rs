@@ -24,6 +24,7 @@
 //! - [`replay`]: what the replay tests share (raw records, events, the `replay` command, audit).
 //! - [`multi`]: what the multi-table tests share (three tables, rounds of events, reading each
 //!   table's topic back in per-aggregate order).
+//! - [`otlp`]: an OTLP trace receiver (gRPC and HTTP/protobuf) on `opentelemetry-proto`.
 //! - [`testkit`] (`outboxd_testkit`) and [`outboxd`], re-exported for the tests.
 
 mod env;
@@ -36,6 +37,7 @@ mod wait;
 pub mod certs;
 pub mod deploy;
 pub mod multi;
+pub mod otlp;
 pub mod reliability;
 pub mod replay;
 

@@ -3,138 +3,15 @@
 //! receives them — parentage, the Kafka attributes, the record's `traceparent` continuing the
 //! span, unsampled rows, and a receiver that is down and comes back.
 
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-    TraceService, TraceServiceServer,
-};
-use opentelemetry_proto::tonic::collector::trace::v1::{
-    ExportTraceServiceRequest, ExportTraceServiceResponse,
-};
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode, Span};
+use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode};
+use outboxd_tests::otlp::{attr, hex, http_receiver, receiver, Received};
+use outboxd_tests::replay::{by_id, raw_records, replay};
 use outboxd_tests::testkit::free_port;
 use outboxd_tests::*;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use uuid::Uuid;
 
 const TOPIC: &str = "outbox.event.order";
-
-/// Every span the receiver got, in arrival order.
-#[derive(Clone, Default)]
-struct Received(Arc<Mutex<Vec<Span>>>);
-
-#[tonic::async_trait]
-impl TraceService for Received {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut all = self.0.lock().unwrap();
-        for rs in req.into_inner().resource_spans {
-            for ss in rs.scope_spans {
-                all.extend(ss.spans);
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-impl Received {
-    fn spans(&self) -> Vec<Span> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
-/// An OTLP/gRPC receiver on `port` until the returned sender is dropped or fired.
-fn receiver(port: u16, r: Received) -> tokio::sync::oneshot::Sender<()> {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(r))
-            .serve_with_shutdown(([127, 0, 0, 1], port).into(), async {
-                let _ = rx.await;
-            })
-            .await
-            .expect("OTLP receiver");
-    });
-    tx
-}
-
-/// An OTLP/HTTP (protobuf) receiver on `port`: HTTP/1.1 by hand (the exporter sends a
-/// `Content-Length` body to `/v1/traces`), the body decoded by the generated protocol code.
-async fn http_receiver(port: u16, r: Received) -> anyhow::Result<()> {
-    use prost::Message as _;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = l.accept().await {
-            let r = r.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let head_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 8192];
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    assert!(head.starts_with("post /v1/traces "), "{head}");
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < head_end + len {
-                        let mut chunk = [0u8; 8192];
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let req =
-                        ExportTraceServiceRequest::decode(&buf[head_end..head_end + len]).unwrap();
-                    {
-                        let mut all = r.0.lock().unwrap();
-                        for rs in req.resource_spans {
-                            for ss in rs.scope_spans {
-                                all.extend(ss.spans);
-                            }
-                        }
-                    }
-                    buf.drain(..head_end + len);
-                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                    if sock.write_all(ok.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    Ok(())
-}
-
-fn attr(s: &Span, k: &str) -> Option<String> {
-    s.attributes
-        .iter()
-        .find(|a| a.key == k)
-        .and_then(|a| a.value.as_ref()?.value.as_ref())
-        .map(|v| match v {
-            Value::StringValue(s) => s.clone(),
-            Value::IntValue(i) => i.to_string(),
-            other => format!("{other:?}"),
-        })
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|b| format!("{b:02x}")).collect()
-}
 
 async fn insert(c: &tokio_postgres::Client, agg: &str, headers: &str) -> anyhow::Result<Uuid> {
     let id = Uuid::now_v7();
@@ -191,12 +68,12 @@ async fn sampled_rows_get_a_child_publish_span_and_the_record_continues_it() -> 
             .clone()
     };
     eventually(Duration::from_secs(20), || async {
-        Ok(!got.spans().is_empty())
+        Ok(!got.publish_spans().is_empty())
     })
     .await?;
     // Let any stray span arrive before counting.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let spans = got.spans();
+    let spans = got.publish_spans();
     assert_eq!(
         spans.len(),
         1,
@@ -268,10 +145,10 @@ async fn spans_go_over_http_protobuf_too() -> anyhow::Result<()> {
     .await?;
     let recs = read_topic(&env.bootstrap(), TOPIC, 1, Duration::from_secs(30))?;
     eventually(Duration::from_secs(20), || async {
-        Ok(!got.spans().is_empty())
+        Ok(!got.publish_spans().is_empty())
     })
     .await?;
-    let s = &got.spans()[0];
+    let s = &got.publish_spans()[0];
     assert_eq!(hex(&s.trace_id), trace);
     assert_eq!(hex(&s.parent_span_id), "20f067aa0ba902b7");
     assert_eq!(attr(s, "messaging.message.id"), Some(id.to_string()));
@@ -308,10 +185,10 @@ async fn a_parked_event_errors_and_its_release_links_back() -> anyhow::Result<()
     )
     .await?;
     eventually(Duration::from_secs(20), || async {
-        Ok(!got.spans().is_empty())
+        Ok(!got.publish_spans().is_empty())
     })
     .await?;
-    let first = got.spans()[0].clone();
+    let first = got.publish_spans()[0].clone();
     assert_eq!(hex(&first.parent_span_id), row_span);
     assert_eq!(
         first.status.as_ref().map(|s| s.code),
@@ -345,10 +222,10 @@ async fn a_parked_event_errors_and_its_release_links_back() -> anyhow::Result<()
     assert_eq!(code, 0, "{out}");
     let recs = read_topic(&env.bootstrap(), TOPIC, 1, Duration::from_secs(30))?;
     eventually(Duration::from_secs(20), || async {
-        Ok(got.spans().len() >= 2)
+        Ok(got.publish_spans().len() >= 2)
     })
     .await?;
-    let release = got.spans()[1].clone();
+    let release = got.publish_spans()[1].clone();
     assert_eq!(hex(&release.trace_id), trace, "the same trace");
     assert_eq!(release.links.len(), 1, "{release:?}");
     let link = &release.links[0];
@@ -424,6 +301,151 @@ async fn a_receiver_down_never_holds_delivery_and_spans_resume() -> anyhow::Resu
     Ok(())
 }
 
+/// Span ids derive from the event: `outboxd recover` republishing rows the stream already
+/// delivered writes byte-identical records (their `traceparent` names the same publish span),
+/// and `outboxd replay` starts a new span that links to the first one — for a row with its own
+/// trace and for a root span alike. The relay's own work shows as `outboxd session start` and
+/// `outboxd slot recovery` spans.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_is_the_same_span_and_a_replay_links_to_it() -> anyhow::Result<()> {
+    let port = free_port();
+    let got = Received::default();
+    let _stop = receiver(port, got.clone());
+    let mut env = Env::start("otel_links").await?;
+    env.extra_toml = format!("{}root_sample_ratio = 1.0\n", telemetry_toml(port));
+    create_topics(&env.bootstrap(), &[TOPIC], 2).await?;
+    let cfg = env.config_file()?;
+    let c = env.sql().await?;
+    let since = outboxd_tests::replay::db_now(&c).await?;
+    let trace = "8bf92f3577b34da6a3ce929d0e0e4736";
+    let row_span = "40f067aa0ba902b7";
+    let traced = insert(
+        &c,
+        "l-1",
+        &format!(r#"{{"traceparent": "00-{trace}-{row_span}-01"}}"#),
+    )
+    .await?
+    .to_string();
+    let root = insert(&c, "l-2", "{}").await?.to_string();
+    outboxd_tests::replay::deliver_live(&env).await?;
+    let first = by_id(&raw_records(&env, TOPIC, 2)?);
+    let tp = |id: &str| first[id][0].header("traceparent");
+    assert!(
+        tp(&traced).starts_with(&format!("00-{trace}-")),
+        "{}",
+        tp(&traced)
+    );
+    assert!(tp(&root).starts_with("00-"), "a root span's header");
+
+    // The slot is healthy; `recover --since` republishes both rows through the stream.
+    let (code, out) = outboxd_cli(&["recover", "--since", &since], &cfg);
+    assert_eq!(code, 0, "{out}");
+    let again = by_id(&raw_records(&env, TOPIC, 4)?);
+    for id in [&traced, &root] {
+        assert_eq!(again[id].len(), 2, "{id}");
+        assert_eq!(
+            again[id][1], again[id][0],
+            "{id}: the redelivered record differs"
+        );
+    }
+
+    replay(
+        &cfg,
+        &[
+            &traced,
+            &root,
+            "--execute",
+            "--reason",
+            "consumer bug",
+            "--operator",
+            "dora",
+        ],
+        true,
+    );
+    let after = by_id(&raw_records(&env, TOPIC, 6)?);
+    eventually(Duration::from_secs(20), || async {
+        let replayed = got
+            .publish_spans()
+            .into_iter()
+            .filter(|s| s.events.iter().any(|e| e.name == "outboxd.replayed"))
+            .count();
+        Ok(replayed >= 2)
+    })
+    .await?;
+    let spans = got.publish_spans();
+    for id in [&traced, &root] {
+        let (t, s) = {
+            let h = tp(id);
+            let p: Vec<&str> = h.split('-').collect();
+            (p[1].to_string(), p[2].to_string())
+        };
+        let mine: Vec<_> = spans
+            .iter()
+            .filter(|x| attr(x, "messaging.message.id").as_deref() == Some(id.as_str()))
+            .collect();
+        let firsts: Vec<_> = mine.iter().filter(|x| hex(&x.span_id) == s).collect();
+        assert!(
+            !firsts.is_empty(),
+            "{id}: the first publish span was exported"
+        );
+        let replayed = mine
+            .iter()
+            .find(|x| x.events.iter().any(|e| e.name == "outboxd.replayed"))
+            .unwrap_or_else(|| panic!("{id}: no replay span in {mine:#?}"));
+        assert_eq!(hex(&replayed.trace_id), t, "{id}: the same trace");
+        assert_ne!(hex(&replayed.span_id), s, "{id}: a span of its own");
+        assert_eq!(replayed.links.len(), 1, "{id}");
+        assert_eq!(
+            hex(&replayed.links[0].span_id),
+            s,
+            "{id}: links the first publish"
+        );
+        assert_eq!(hex(&replayed.links[0].trace_id), t);
+        let rec = after[id].last().unwrap();
+        assert_eq!(
+            rec.header("traceparent"),
+            format!("00-{t}-{}-01", hex(&replayed.span_id)),
+            "{id}: the replayed record continues the replay span"
+        );
+    }
+    let replayed_traced = spans
+        .iter()
+        .find(|x| {
+            attr(x, "messaging.message.id").as_deref() == Some(traced.as_str())
+                && x.events.iter().any(|e| e.name == "outboxd.replayed")
+        })
+        .unwrap();
+    assert_eq!(
+        hex(&replayed_traced.parent_span_id),
+        row_span,
+        "child of the row's span"
+    );
+
+    // The relay's own spans: its session, and the recovery `recover` ran.
+    eventually(Duration::from_secs(20), || async {
+        Ok(!got.named("outboxd slot recovery").is_empty())
+    })
+    .await?;
+    let start = got.named("outboxd session start");
+    assert!(!start.is_empty());
+    assert_eq!(
+        attr(&start[0], "outboxd.slot").as_deref(),
+        Some(env.slot.as_str())
+    );
+    assert!(
+        attr(&start[0], "outboxd.resume_lsn").is_some(),
+        "{:?}",
+        start[0]
+    );
+    let rec = &got.named("outboxd slot recovery")[0];
+    assert_eq!(attr(rec, "outboxd.recovery.events").as_deref(), Some("2"));
+    assert_eq!(
+        attr(rec, "outboxd.slot_loss.reason").as_deref(),
+        Some("manual")
+    );
+    Ok(())
+}
+
 /// Backlog throughput with tracing off, every row sampled, and 1 % sampled, in one run (a
 /// measurement, not a check: `cargo nextest run -p outboxd-tests --test otel --run-ignored
 /// only`, figures printed; docs/benchmarks.md). Debug build of the relay process.
@@ -471,7 +493,7 @@ async fn bench_backlog_with_tracing_off_all_and_one_percent_sampled() -> anyhow:
         let line = format!(
             "{mode}: {n} events in {secs:.2} s = {:.0} events/s, {} spans received",
             n as f64 / secs,
-            got.spans().len()
+            got.publish_spans().len()
         );
         eprintln!("{line}");
         lines.push(line);

@@ -49,7 +49,9 @@
 //!   (all `outboxd_status` SQL), `status/` (the status page, `/` and `/status.json`: the
 //!   facts the relay hands it, their JSON and HTML, the last hour of lag), `view` (the traits
 //!   through which the relay hands them the slot's server and the in-flight events:
-//!   `SlotServer`, `Pending`).
+//!   `SlotServer`, `Pending`), `telemetry/` (OpenTelemetry: the relay's `Traces` pipeline and
+//!   its export thread, `span` the publish spans, `ids` the span ids derived from the event,
+//!   `ops` the relay's own spans).
 //! - `cleanup/`: deleting delivered outbox rows (R34) in batches behind every slot's delivery
 //!   mark and the recovery window; `partitions`: dropping whole partitions of a partitioned outbox.
 //! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy
@@ -93,7 +95,8 @@
 //! Other crates use [`run`] (or [`run_observed`] with an [`obs::Observed`] they also serve),
 //! [`Config`], [`RelayError`], [`cmd::main`], [`init`], [`OUTBOX_SQL`] and the metric names in
 //! [`obs`]; everything else is private to the crate. No state is process-wide: a relay's health,
-//! error counts and session count live in the `Observed` its runner created and passed down.
+//! error counts, session count and trace pipeline live in the `Observed` its runner created and
+//! passed down.
 
 pub(crate) mod cleanup;
 pub mod cmd;

@@ -16,7 +16,7 @@ pub(crate) mod watch;
 
 pub use http::serve;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 pub const UP: &str = "outboxd_up";
 pub const ROLE_ACTIVE: &str = "outboxd_role_active";
@@ -272,6 +272,30 @@ pub struct Observed {
     pub refused_in_txn: std::sync::Mutex<std::collections::HashMap<String, (&'static str, String)>>,
     /// What the status page (`GET /`, `/status.json`) shows of this relay.
     pub status: status::Board,
+    /// With `[telemetry]`: this relay's trace pipeline, started by its first producer and
+    /// shared by its sessions (`telemetry`).
+    traces: Mutex<Option<Result<Option<Arc<telemetry::Traces>>, String>>>,
+}
+
+impl Observed {
+    /// This relay's trace pipeline (`None`: `[telemetry]` is off), started on first use. A
+    /// setting the exporter refuses is the same error on every call.
+    pub fn traces(
+        &self,
+        cfg: &crate::config::Config,
+    ) -> Result<Option<Arc<telemetry::Traces>>, String> {
+        let mut t = self.traces.lock().unwrap_or_else(|p| p.into_inner());
+        t.get_or_insert_with(|| {
+            telemetry::Traces::start(&cfg.telemetry, &cfg.redactor).map(|t| t.map(Arc::new))
+        })
+        .clone()
+    }
+
+    /// The trace pipeline if one was started (the relay's own spans, `telemetry::ops`).
+    pub fn started_traces(&self) -> Option<Arc<telemetry::Traces>> {
+        let t = self.traces.lock().unwrap_or_else(|p| p.into_inner());
+        t.as_ref().and_then(|t| t.as_ref().ok()).cloned().flatten()
+    }
 }
 
 impl Health {

@@ -116,6 +116,11 @@ impl Stages {
     }
 
     /// The events not yet acknowledged, and what may be confirmed.
+    /// This relay's health, error counts and trace pipeline.
+    pub fn observed(&self) -> &Arc<Observed> {
+        &self.observed
+    }
+
     pub fn in_flight(&self) -> &InFlight {
         &self.in_flight
     }

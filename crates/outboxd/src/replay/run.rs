@@ -186,7 +186,7 @@ pub async fn execute(
     let observed = Arc::new(Observed::default());
     let stages_sql = source::sql_connect(cfg).await?;
     let mut st = Stages::refusing_poison(cfg, stages_sql, observed.clone())?;
-    let (producer, mut acks) = Producer::new(cfg, observed)?;
+    let (producer, mut acks) = Producer::replaying(cfg, observed)?;
     let mut hooks = RunHooks {
         audit: &audit,
         id,

@@ -35,6 +35,16 @@ pub enum Decision {
 }
 
 impl Decision {
+    /// A word for logs and the session span: `create`, `adopt`, `stream` or `lost`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Decision::Create => "create",
+            Decision::Adopt { .. } => "adopt",
+            Decision::Stream { .. } => "stream",
+            Decision::Lost(_) => "lost",
+        }
+    }
+
     /// The loss an operator's `recover --since T` stands for: the range is theirs; the slot is
     /// replaced only when this decision found it unusable (or missing).
     pub fn manual_loss(&self, slot_exists: bool, since: DateTime<Utc>) -> Loss {

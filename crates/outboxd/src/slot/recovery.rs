@@ -30,6 +30,7 @@ use crate::config::tables::OutboxTable;
 use crate::config::{Config, SlotLossPolicy};
 use crate::error::RelayError;
 use crate::model::columns::ColumnNames;
+use crate::obs::telemetry::ops::Op;
 use crate::relay::kafka::{Ack, Producer};
 use crate::relay::slot_host::SlotHost;
 use crate::relay::source::{self, quote_ident};
@@ -39,6 +40,7 @@ use crate::slot::gap;
 use crate::slot::guard::{Gap, Loss, LossReason};
 use crate::slot::state::{self as slot_state, Identity};
 use chrono::{DateTime, Utc};
+use opentelemetry::KeyValue;
 use pgwire_replication::ReplicationClient;
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::Client;
@@ -455,6 +457,17 @@ pub async fn publish(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<(Option<ReplicationClient>, u64)>, RelayError> {
     let started = std::time::Instant::now();
+    let traces = st.observed().started_traces();
+    let mut op = Op::start(
+        traces.as_deref(),
+        "outboxd slot recovery",
+        vec![
+            KeyValue::new("outboxd.slot", cfg.source.slot.clone()),
+            KeyValue::new("outboxd.slot_loss.reason", p.reason.label()),
+            KeyValue::new("outboxd.recovery.gap", p.gap.to_string()),
+            KeyValue::new("outboxd.recovery.new_slot", p.new_slot),
+        ],
+    );
     let mut reader = p.reader;
     let mut events = 0;
     loop {
@@ -462,6 +475,9 @@ pub async fn publish(
             .publish(cfg, st, producer, acks, shutdown, &mut NoHooks)
             .await?;
         if flow == Flow::Shutdown {
+            // Not a failure: the next session resumes it.
+            op.event("outboxd.shutdown");
+            op.ok();
             return Ok(None);
         }
         events += reader.sent() as i64;
@@ -486,6 +502,12 @@ pub async fn publish(
     )
     .await?;
     let secs = started.elapsed().as_secs_f64();
+    op.set("outboxd.recovery.events", events);
+    op.set(
+        "outboxd.resume_lsn",
+        crate::model::lsn::fmt_lsn(p.start).to_string(),
+    );
+    op.ok();
     metrics::counter!(crate::obs::RECOVERIES, "reason" => p.reason.label()).increment(1);
     metrics::counter!(crate::obs::RECOVERED_EVENTS).increment(events as u64);
     tracing::warn!(

@@ -67,6 +67,7 @@ pub async fn run_observed(
             Err(e) => e,
         };
         let policy = err.policy();
+        session_ended(&observed, &cfg, &policy);
         if policy.retry == Retry::Stop {
             return Err(err);
         }
@@ -166,4 +167,32 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// The `outboxd session ended` span of a session that ended with an error: its class, whether
+/// the relay retries, stands by or halts, and the fix (fixed strings: never the error's text).
+fn session_ended(observed: &obs::Observed, cfg: &Config, policy: &crate::error::Policy) {
+    // A standby polling for the slot is the relay working as designed: no span per poll.
+    let Some(t) = observed
+        .started_traces()
+        .filter(|_| policy.retry != Retry::StandBy)
+    else {
+        return;
+    };
+    let mut op = obs::telemetry::ops::Op::start(
+        Some(&t),
+        "outboxd session ended",
+        vec![
+            opentelemetry::KeyValue::new("outboxd.slot", cfg.source.slot.clone()),
+            opentelemetry::KeyValue::new(
+                "outboxd.retry",
+                format!("{:?}", policy.retry).to_ascii_lowercase(),
+            ),
+        ],
+    );
+    op.set("outboxd.fix", policy.fix);
+    op.fail(
+        policy.class,
+        "the session ended with an error; see error.type and outboxd.fix",
+    );
 }

@@ -8,6 +8,7 @@
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
+use crate::obs::telemetry::ops::Op;
 use crate::obs::Observed;
 use crate::relay::gulp::Gulp;
 use crate::relay::kafka::Producer;
@@ -18,6 +19,7 @@ use crate::slot::guard::{self as slot_guard, Decision};
 use crate::slot::publication;
 use crate::slot::recovery;
 use crate::slot::state::{self as slot_state, Identity, XidProbe};
+use opentelemetry::KeyValue;
 use pgwire_replication::Lsn;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -59,6 +61,19 @@ pub async fn run_session_as(
     observed: &Arc<Observed>,
     shadow: Option<&crate::relay::tap::Tap>,
 ) -> Result<SessionEnd, RelayError> {
+    let traces = observed.traces(cfg).ok().flatten();
+    let mut op = Op::start(
+        traces.as_deref(),
+        "outboxd session start",
+        vec![
+            KeyValue::new("outboxd.slot", cfg.source.slot.clone()),
+            KeyValue::new("outboxd.publication", cfg.source.publication.clone()),
+            KeyValue::new(
+                "outboxd.session",
+                observed.sessions.load(Relaxed) as i64 + 1,
+            ),
+        ],
+    );
     let sql = source::sql_connect(cfg).await?;
     // The tables the patterns match now join this session's list (crate::slot::join).
     let resolved = crate::slot::join::resolve(cfg, &sql).await?;
@@ -106,6 +121,7 @@ pub async fn run_session_as(
             cfg.source.slot
         )));
     }
+    op.set("outboxd.slot.decision", decision.label());
     let mut recovery = None;
     let mut first_xid = None;
     let start = match decision {
@@ -206,6 +222,11 @@ pub async fn run_session_as(
         role = "active",
         "streaming"
     );
+    op.set(
+        "outboxd.resume_lsn",
+        crate::model::lsn::fmt_lsn(start).to_string(),
+    );
+    op.ok();
     // Beats while our walsender holds the slot; notices when a standby fenced us.
     let mut holder = Holder::start(cfg, st.slot_sql()).await?;
     metrics::gauge!(crate::obs::ROLE_ACTIVE).set(1.0);

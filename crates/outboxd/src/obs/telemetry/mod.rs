@@ -1,23 +1,31 @@
 //! OpenTelemetry trace export (issue 43): one PRODUCER span per relayed event whose row carries
-//! a sampled W3C `traceparent` (`span`), exported over OTLP (gRPC or HTTP/protobuf).
+//! a sampled W3C `traceparent` (`span`), a few INTERNAL spans of the relay's own work
+//! (`ops`), exported over OTLP (gRPC or HTTP/protobuf).
 //!
 //! The exporter never slows delivery: a finished span goes into a bounded queue with
 //! `try_send` (a full queue drops it and counts it in `outboxd_trace_spans_dropped_total`),
 //! and one thread of its own exports batches from that queue. A failed export (receiver down,
 //! slow, refusing) drops its batch, counted the same way; the next batch tries again, so the
-//! exporter reconnects by itself. Spans are per producer (one per session); nothing is global.
+//! exporter reconnects by itself. One [`Traces`] per relay (it lives in the relay's
+//! `Observed`, created by the first producer), shared by its sessions; nothing is global.
 
+pub mod ids;
+pub mod ops;
 pub(crate) mod span;
 
 use crate::config::telemetry::{Protocol, TelemetryConfig};
-use opentelemetry::KeyValue;
+use opentelemetry::trace::{Link, SpanKind, TraceId};
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    Sampler, SdkTracerProvider, SpanData, SpanExporter as _, SpanProcessor,
+    Sampler, SamplingDecision, SamplingResult, SdkTracer, SdkTracerProvider, ShouldSample,
+    SpanData, SpanExporter as _, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub use span::Telemetry;
@@ -52,46 +60,178 @@ impl SpanProcessor for Queue {
     }
 }
 
-/// Builds the tracer provider for `cfg` (`None` when telemetry is off). Errors name the setting.
-pub(crate) fn provider(
-    cfg: &TelemetryConfig,
-    redactor: &crate::config::secrets::Redactor,
-) -> Result<Option<SdkTracerProvider>, String> {
-    if !cfg.enabled() {
-        return Ok(None);
+/// Publish spans (PRODUCER) follow their row: parent-based, rows without a trace sampled at
+/// `root_sample_ratio`. The relay's own spans (INTERNAL, `ops`) are few and always kept.
+#[derive(Debug, Clone)]
+struct Sampling {
+    publish: Sampler,
+}
+
+impl ShouldSample for Sampling {
+    fn should_sample(
+        &self,
+        parent: Option<&Context>,
+        trace: TraceId,
+        name: &str,
+        kind: &SpanKind,
+        attrs: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        match kind {
+            SpanKind::Internal => {
+                Sampler::AlwaysOn.should_sample(parent, trace, name, kind, attrs, links)
+            }
+            _ => self
+                .publish
+                .should_sample(parent, trace, name, kind, attrs, links),
+        }
     }
-    let mut attrs: Vec<KeyValue> = cfg
-        .resource_pairs()
-        .into_iter()
-        .map(|(k, v)| KeyValue::new(k, v))
-        .collect();
-    attrs.push(KeyValue::new(
-        "service.name",
-        cfg.service_name.clone().unwrap_or_else(|| "outboxd".into()),
-    ));
-    let resource = Resource::builder_empty().with_attributes(attrs).build();
-    let (tx, rx) = std::sync::mpsc::sync_channel(cfg.max_queue_size.unwrap_or(2048));
-    let url = cfg.traces_url().unwrap_or_default();
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let thread_cfg = cfg.clone();
-    let thread_redactor = redactor.clone();
-    let thread_resource = resource.clone();
-    std::thread::Builder::new()
-        .name("outboxd-otlp".into())
-        .spawn(move || export_loop(thread_cfg, thread_redactor, thread_resource, rx, ready_tx))
-        .map_err(|e| format!("cannot start the trace export thread: {e}"))?;
-    ready_rx
-        .recv()
-        .map_err(|_| "the trace export thread ended at start".to_string())??;
-    tracing::info!(endpoint = %url, protocol = ?cfg.protocol(), "exporting traces (OTLP)");
-    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.root_sample_ratio)));
-    Ok(Some(
-        SdkTracerProvider::builder()
+}
+
+/// One relay's trace pipeline: the tracer, the export thread behind it, and the events whose
+/// delivery failed (their next publish span gets an id of its own, [`ids::publish_span`]).
+pub struct Traces {
+    tracer: Option<SdkTracer>,
+    provider: Option<SdkTracerProvider>,
+    /// Fires when the export thread ended (after its last export).
+    done: Mutex<Receiver<()>>,
+    failed: Mutex<HashMap<String, u32>>,
+    root_sample_ratio: f64,
+    /// Where a span start puts the ids its span takes ([`ids`]).
+    next: ids::Next,
+}
+
+impl std::fmt::Debug for Traces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Traces")
+    }
+}
+
+/// Failed events remembered at most (a relay failing this many distinct events is halted or
+/// parking them; past it, retries draw random span ids).
+const FAILED_CAP: usize = 100_000;
+
+impl Traces {
+    /// The pipeline for `cfg` (`None` when telemetry is off). Errors name the setting.
+    pub fn start(
+        cfg: &TelemetryConfig,
+        redactor: &crate::config::secrets::Redactor,
+    ) -> Result<Option<Self>, String> {
+        if !cfg.enabled() {
+            return Ok(None);
+        }
+        let mut attrs: Vec<KeyValue> = cfg
+            .resource_pairs()
+            .into_iter()
+            .map(|(k, v)| KeyValue::new(k, v))
+            .collect();
+        attrs.push(KeyValue::new(
+            "service.name",
+            cfg.service_name.clone().unwrap_or_else(|| "outboxd".into()),
+        ));
+        let resource = Resource::builder_empty().with_attributes(attrs).build();
+        let (tx, rx) = std::sync::mpsc::sync_channel(cfg.max_queue_size.unwrap_or(2048));
+        let url = cfg.traces_url().unwrap_or_default();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let thread_cfg = cfg.clone();
+        let thread_redactor = redactor.clone();
+        let thread_resource = resource.clone();
+        std::thread::Builder::new()
+            .name("outboxd-otlp".into())
+            .spawn(move || {
+                export_loop(thread_cfg, thread_redactor, thread_resource, rx, ready_tx);
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| format!("cannot start the trace export thread: {e}"))?;
+        ready_rx
+            .recv()
+            .map_err(|_| "the trace export thread ended at start".to_string())??;
+        tracing::info!(endpoint = %url, protocol = ?cfg.protocol(), "exporting traces (OTLP)");
+        let publish =
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.root_sample_ratio)));
+        let next = ids::Next::default();
+        let provider = SdkTracerProvider::builder()
             .with_span_processor(Queue { tx })
-            .with_sampler(sampler)
+            .with_sampler(Sampling { publish })
+            .with_id_generator(ids::Derived::new(next.clone()))
             .with_resource(resource)
-            .build(),
-    ))
+            .build();
+        use opentelemetry::trace::TracerProvider as _;
+        Ok(Some(Self {
+            tracer: Some(provider.tracer("outboxd")),
+            provider: Some(provider),
+            done: Mutex::new(done_rx),
+            failed: Mutex::new(HashMap::new()),
+            root_sample_ratio: cfg.root_sample_ratio,
+            next,
+        }))
+    }
+
+    fn tracer(&self) -> &SdkTracer {
+        self.tracer.as_ref().expect("set until drop")
+    }
+
+    /// Builds one span with the given ids (`None`: random); every span start goes through
+    /// here, so they take turns on the handover ([`ids::Next`]).
+    fn build<T>(
+        &self,
+        span: Option<opentelemetry::trace::SpanId>,
+        trace: Option<TraceId>,
+        build: impl FnOnce(&SdkTracer) -> T,
+    ) -> T {
+        self.next.with_ids(span, trace, || build(self.tracer()))
+    }
+
+    /// How often this relay failed to deliver `event_id` (0: never, or it was delivered since).
+    fn failures(&self, event_id: &str) -> u32 {
+        self.failed
+            .lock()
+            .ok()
+            .and_then(|f| f.get(event_id).copied())
+            .unwrap_or(0)
+    }
+
+    /// Notes a failed (`true`) or a successful delivery of `event_id`.
+    fn note(&self, event_id: &str, failed: bool) {
+        let Ok(mut f) = self.failed.lock() else {
+            return;
+        };
+        if !failed {
+            f.remove(event_id);
+        } else if let Some(n) = f.get_mut(event_id) {
+            *n = n.saturating_add(1);
+        } else if f.len() < FAILED_CAP {
+            f.insert(event_id.to_string(), 1);
+        }
+    }
+
+    /// Would a root span in `trace` be sampled (the same decision the SDK makes)?
+    fn samples_root(&self, trace: TraceId) -> bool {
+        let r = Sampler::TraceIdRatioBased(self.root_sample_ratio).should_sample(
+            None,
+            trace,
+            "",
+            &SpanKind::Producer,
+            &[],
+            &[],
+        );
+        matches!(r.decision, SamplingDecision::RecordAndSample)
+    }
+}
+
+impl Drop for Traces {
+    /// Lets the export thread ship what is queued (bounded: 2 s), so the last spans of a relay
+    /// that stops cleanly are not lost.
+    fn drop(&mut self) {
+        self.tracer.take();
+        if let Some(p) = self.provider.take() {
+            let _ = p.shutdown();
+        }
+        if let Ok(done) = self.done.lock() {
+            let _ = done.recv_timeout(Duration::from_secs(2));
+        }
+    }
 }
 
 fn build_exporter(cfg: &TelemetryConfig) -> Result<opentelemetry_otlp::SpanExporter, String> {

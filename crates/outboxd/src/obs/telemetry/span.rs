@@ -6,15 +6,18 @@
 //! one gets a root span only with `telemetry.root_sample_ratio` > 0. The record's `traceparent`
 //! is rewritten to the span, so consumers continue from the outbox hop. Attributes follow the
 //! OpenTelemetry messaging conventions for Kafka; never a payload, never a header value.
+//! Span ids are derived from the event ([`super::ids`]): a redelivered record is byte-identical
+//! and a replay links to the first publish span without anything stored per event.
 
+use super::Traces;
 use opentelemetry::trace::{
     Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags, TraceId,
-    TraceState, Tracer as _, TracerProvider as _,
+    TraceState, Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider, Span};
+use opentelemetry_sdk::trace::Span;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A W3C `traceparent` as a span context (`None`: absent or malformed, which the spec says to
 /// treat as absent).
@@ -90,12 +93,22 @@ pub struct Publish<'a> {
     pub key: Option<&'a str>,
 }
 
-/// Trace export for one producer: the tracer and the spans of records not yet acknowledged,
-/// by the record's delivery opaque.
+/// Whose publish a span is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publisher {
+    /// The relay's stream (WAL, or the table during slot recovery): ids derived from the event
+    /// ([`super::ids`]), so a redelivery is the same record with the same span.
+    Stream,
+    /// `outboxd replay`: a new span (random id) that links to the event's first publish span.
+    Replay,
+}
+
+/// One producer's publish spans: the relay's [`Traces`] and the spans of records not yet
+/// acknowledged, by the record's delivery opaque (with their `event_id`).
 pub struct Telemetry {
-    provider: SdkTracerProvider,
-    tracer: SdkTracer,
-    open: Mutex<HashMap<usize, Span>>,
+    traces: Arc<Traces>,
+    publisher: Publisher,
+    open: Mutex<HashMap<usize, (Span, String)>>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -108,30 +121,25 @@ impl Drop for Telemetry {
     fn drop(&mut self) {
         // Spans of records never acknowledged (session ended) are ended as such.
         if let Ok(mut open) = self.open.lock() {
-            for (_, mut s) in open.drain() {
+            for (_, (mut s, _)) in open.drain() {
                 opentelemetry::trace::Span::add_event(&mut s, "outboxd.session_ended", vec![]);
                 opentelemetry::trace::Span::end(&mut s);
             }
         }
-        let _ = self.provider.shutdown();
     }
 }
 
 impl Telemetry {
-    /// `None` when telemetry is off.
-    pub fn new(
-        cfg: &crate::config::telemetry::TelemetryConfig,
-        redactor: &crate::config::secrets::Redactor,
-    ) -> Result<Option<Self>, String> {
-        Ok(super::provider(cfg, redactor)?.map(|provider| Self {
-            tracer: provider.tracer("outboxd"),
-            provider,
+    pub fn new(traces: Arc<Traces>, publisher: Publisher) -> Self {
+        Self {
+            traces,
+            publisher,
             open: Mutex::new(HashMap::new()),
-        }))
+        }
     }
 
     /// Starts the publish span of a record (`None`: not sampled; the headers stay as they are).
-    /// `link`: the original span of a released or replayed event, linked to.
+    /// `link`: the original span of a released event, linked to (a replay derives its own).
     pub fn start(
         &self,
         p: &Publish<'_>,
@@ -139,14 +147,40 @@ impl Telemetry {
         link: Option<SpanContext>,
     ) -> Option<Started> {
         use opentelemetry::trace::Span as _;
-        let parent = match &row.traceparent {
-            Some(tp) => match parse_traceparent(tp, row.tracestate.as_deref()) {
-                // Parent-based: an unsampled parent means no span at all.
-                Some(cx) if !cx.is_sampled() => return None,
-                Some(cx) => Context::new().with_remote_span_context(cx),
-                None => Context::new(),
-            },
-            None => Context::new(),
+        let row_cx = row
+            .traceparent
+            .as_deref()
+            .and_then(|tp| parse_traceparent(tp, row.tracestate.as_deref()));
+        let (parent, trace) = match &row_cx {
+            // Parent-based: an unsampled parent means no span at all.
+            Some(cx) if !cx.is_sampled() => return None,
+            Some(cx) => (
+                Context::new().with_remote_span_context(cx.clone()),
+                cx.trace_id(),
+            ),
+            None => (Context::new(), super::ids::root_trace(p.event_id)),
+        };
+        // A released event links to what it carried; a replayed one to its first publish span
+        // (when that one was sampled: always with a sampled parent, by ratio for a root).
+        let link = match self.publisher {
+            Publisher::Replay if row_cx.is_some() || self.traces.samples_root(trace) => {
+                Some(SpanContext::new(
+                    trace,
+                    super::ids::publish_span(trace, p.event_id, 0),
+                    TraceFlags::SAMPLED,
+                    true,
+                    TraceState::default(),
+                ))
+            }
+            _ => link,
+        };
+        let span_id = match (self.publisher, link.is_some()) {
+            (Publisher::Stream, false) => Some(super::ids::publish_span(
+                trace,
+                p.event_id,
+                self.traces.failures(p.event_id),
+            )),
+            _ => None,
         };
         let mut attrs = vec![
             KeyValue::new("messaging.system", "kafka"),
@@ -158,22 +192,29 @@ impl Telemetry {
         if let Some(k) = p.key {
             attrs.push(KeyValue::new("messaging.kafka.message.key", k.to_string()));
         }
-        let linked = link.is_some();
-        let mut b = self
-            .tracer
-            .span_builder(format!("send {}", p.topic))
-            .with_kind(SpanKind::Producer)
-            .with_attributes(attrs);
-        if let Some(l) = link {
-            b = b.with_links(vec![Link::with_context(l)]);
-        }
-        let mut span = b.start_with_context(&self.tracer, &parent);
+        let republished = match (self.publisher, link.is_some()) {
+            (Publisher::Replay, _) => Some("outboxd.replayed"),
+            (Publisher::Stream, true) => Some("outboxd.republished"),
+            (Publisher::Stream, false) => None,
+        };
+        // A root span's trace id is derived too (same sampling decision on a redelivery).
+        let root_trace = row_cx.is_none().then_some(trace);
+        let mut span = self.traces.build(span_id, root_trace, |tracer| {
+            let mut b = tracer
+                .span_builder(format!("send {}", p.topic))
+                .with_kind(SpanKind::Producer)
+                .with_attributes(attrs);
+            if let Some(l) = link {
+                b = b.with_links(vec![Link::with_context(l)]);
+            }
+            b.start_with_context(tracer, &parent)
+        });
         let cx = span.span_context().clone();
         if !cx.is_sampled() {
             return None;
         }
-        if linked {
-            span.add_event("outboxd.republished", vec![]);
+        if let Some(ev) = republished {
+            span.add_event(ev, vec![]);
         }
         Some(Started {
             header: traceparent(&cx),
@@ -182,10 +223,10 @@ impl Telemetry {
     }
 
     /// Keeps a started span until its record's acknowledgement.
-    pub fn hold(&self, opaque: usize, s: Started) {
+    pub fn hold(&self, opaque: usize, event_id: &str, s: Started) {
         if let Ok(mut open) = self.open.lock() {
             // A stale span under the same opaque (not possible within a session) is ended.
-            if let Some(mut old) = open.insert(opaque, s.span) {
+            if let Some((mut old, _)) = open.insert(opaque, (s.span, event_id.to_string())) {
                 opentelemetry::trace::Span::end(&mut old);
             }
         }
@@ -201,9 +242,13 @@ impl Telemetry {
         failure: Option<Failure<'_>>,
     ) {
         use opentelemetry::trace::Span as _;
-        let Some(mut span) = self.open.lock().ok().and_then(|mut o| o.remove(&opaque)) else {
+        let Some((mut span, event_id)) = self.open.lock().ok().and_then(|mut o| o.remove(&opaque))
+        else {
             return;
         };
+        if self.publisher == Publisher::Stream {
+            self.traces.note(&event_id, failure.is_some());
+        }
         span.set_attribute(KeyValue::new(
             "messaging.destination.partition.id",
             partition.to_string(),

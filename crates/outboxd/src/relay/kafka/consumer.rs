@@ -63,17 +63,7 @@ pub fn config(cfg: &Config, group_id: &str, client_id: &str) -> Result<ClientCon
             cc.set(k, v);
         }
     }
-    // As for the producer: the vendored OpenSSL does not know the system's CA directory.
-    let tls = kafka
-        .get("security.protocol")
-        .is_some_and(|p| p.to_ascii_lowercase().contains("ssl"));
-    if tls
-        && !["ssl.ca.location", "ssl.ca.pem", "ssl.ca.certificate.stores"]
-            .iter()
-            .any(|k| kafka.contains_key(*k))
-    {
-        cc.set("ssl.ca.location", "probe");
-    }
+    super::client::probe_ca(kafka, &mut cc);
     cc.set("group.id", group_id)
         .set("client.id", client_id)
         .set("enable.auto.commit", "false")

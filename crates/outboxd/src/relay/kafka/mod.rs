@@ -8,6 +8,7 @@
 //! and the slot, it never turns into a failed event. Anything that still fails ends the session,
 //! which restarts from the slot's confirmed LSN and produces the same bytes again.
 
+mod client;
 pub(crate) mod consumer;
 pub(crate) mod hint;
 mod log;
@@ -18,15 +19,17 @@ mod trace;
 pub(crate) mod txn;
 pub(crate) mod verdict;
 
+pub use client::client_config;
 pub use verdict::{broker_error_class, Ack, Origin, Verdict};
 use verdict::{capture, header_str};
 
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::obs::telemetry::span::Publisher;
 use crate::poison::record::ParkedRecord;
 use crate::relay::ack::Seq;
 use crate::relay::route::Event;
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{
@@ -200,58 +203,6 @@ impl ProducerContext for Ctx {
     }
 }
 
-/// The librdkafka properties outboxd insists on or defaults, merged with the user's.
-pub fn client_config(cfg: &Config) -> ClientConfig {
-    let mut cc = ClientConfig::new();
-    // Defaults the user may override. linger.ms 1 (librdkafka's is 5): the relay gathers live
-    // transactions itself, and only when there are others to gather (relay::gulp); librdkafka's
-    // linger only has to cover handing such a burst over, so it goes out as one request per
-    // partition (docs/benchmarks.md, "Adaptive batching").
-    cc.set("linger.ms", "1")
-        .set("message.timeout.ms", "0")
-        .set("retry.backoff.ms", "100")
-        .set("retry.backoff.max.ms", "2000")
-        .set("queue.buffering.max.messages", "1000000")
-        .set("queue.buffering.max.kbytes", "1048576")
-        .set("statistics.interval.ms", "5000")
-        .set("client.id", "outboxd");
-    // OpenSSL is built in (vendored): its compiled-in CA directory is not the system's, so
-    // public CAs (Confluent Cloud, MSK) are found by librdkafka's probe of the usual bundle
-    // paths unless the user names a CA.
-    let kafka = &cfg.sink.kafka;
-    let tls = kafka
-        .get("security.protocol")
-        .is_some_and(|p| p.to_ascii_lowercase().contains("ssl"));
-    if tls
-        && !["ssl.ca.location", "ssl.ca.pem", "ssl.ca.certificate.stores"]
-            .iter()
-            .any(|k| kafka.contains_key(*k))
-    {
-        cc.set("ssl.ca.location", "probe");
-    }
-    // With `sasl.oauthbearer.method = "oidc"` outboxd fetches the tokens (crate::relay::kafka::oidc):
-    // librdkafka, built without libcurl, would refuse those properties.
-    let oidc = kafka
-        .get("sasl.oauthbearer.method")
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("oidc"));
-    for (k, v) in kafka {
-        // The guarantee's own keys are set below, once: passing an alias as well would let
-        // librdkafka apply the two in hash-map order (validation allows only safe values).
-        let enforced = matches!(
-            k.as_str(),
-            "enable.idempotence" | "acks" | "request.required.acks"
-        );
-        let ours = oidc && crate::config::oidc::is_oidc_key(k);
-        if !(enforced || ours) {
-            cc.set(k, v);
-        }
-    }
-    // Required for the delivery guarantee (config validation rejects contrary settings):
-    cc.set("enable.idempotence", "true").set("acks", "all");
-    cc.set_log_level(RDKafkaLogLevel::Warning);
-    cc
-}
-
 pub struct Producer {
     /// Declared first so it is dropped (stopped and joined) before the client it feeds.
     _oidc: Option<crate::relay::kafka::oidc::Refresher>,
@@ -265,7 +216,15 @@ impl Producer {
         cfg: &Config,
         observed: std::sync::Arc<crate::obs::Observed>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
-        Self::create(cfg, observed, None)
+        Self::create(cfg, observed, None, Publisher::Stream)
+    }
+
+    /// The producer of `outboxd replay`: its publish spans link to each event's first one.
+    pub fn replaying(
+        cfg: &Config,
+        observed: std::sync::Arc<crate::obs::Observed>,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
+        Self::create(cfg, observed, None, Publisher::Replay)
     }
 
     /// With a `transactional.id`, transactions are initialised by [`txn`], not here.
@@ -273,8 +232,10 @@ impl Producer {
         cfg: &Config,
         observed: std::sync::Arc<crate::obs::Observed>,
         transactional_id: Option<&str>,
+        publisher: Publisher,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Ack>), RelayError> {
         let (tx, rx) = mpsc::unbounded_channel();
+        let telemetry = trace::telemetry(cfg, &observed, publisher)?;
         let outstanding = outstanding::Outstanding::default();
         let mut cc = client_config(cfg);
         if let Some(id) = transactional_id {
@@ -295,7 +256,7 @@ impl Producer {
                 txn: transactional_id
                     .map(|_| std::sync::Arc::new(txn::Txn::new(outstanding.clone()))),
                 outstanding,
-                telemetry: trace::telemetry(cfg)?,
+                telemetry,
             })
             // librdkafka refuses the configuration itself: retrying cannot help.
             .map_err(|e| {
@@ -355,7 +316,7 @@ impl Producer {
         });
         let headers = trace::add_missing(&span, headers.unwrap_or_default());
         let origin = Origin::Stream(seq);
-        trace::hold(ctx, origin.to_opaque(), span);
+        trace::hold(ctx, origin.to_opaque(), e.event_id, span);
         if ctx.txn.is_some() {
             let parked = || e.parked_record(Some(topic));
             if let Some(v) = txn::refused_before(&ctx.observed, e.event_id, parked) {
@@ -396,7 +357,7 @@ impl Producer {
         }
         let headers = trace::add_missing(&span, headers);
         let origin = Origin::Release(id);
-        trace::hold(self.inner.context(), origin.to_opaque(), span);
+        trace::hold(self.inner.context(), origin.to_opaque(), &r.event_id, span);
         let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(
             r.topic.as_deref().unwrap_or(""),
             origin.to_opaque(),

@@ -4,15 +4,22 @@
 
 use super::{Ctx, Verdict};
 use crate::error::RelayError;
-use crate::obs::telemetry::span::{Failure, Publish, RowTrace, Started, Telemetry};
+use crate::obs::telemetry::span::{Failure, Publish, Publisher, RowTrace, Started, Telemetry};
 use crate::poison::record::ParkedRecord;
 use crate::relay::route::Event;
 use rdkafka::message::{Header, Message as _, OwnedHeaders};
 use rdkafka::producer::DeliveryResult;
 
-/// The producer's telemetry (`None`: `[telemetry]` is off).
-pub(super) fn telemetry(cfg: &crate::config::Config) -> Result<Option<Telemetry>, RelayError> {
-    Telemetry::new(&cfg.telemetry, &cfg.redactor).map_err(RelayError::Setup)
+/// The producer's telemetry (`None`: `[telemetry]` is off), on the relay's trace pipeline.
+pub(super) fn telemetry(
+    cfg: &crate::config::Config,
+    observed: &crate::obs::Observed,
+    publisher: Publisher,
+) -> Result<Option<Telemetry>, RelayError> {
+    Ok(observed
+        .traces(cfg)
+        .map_err(RelayError::Setup)?
+        .map(|t| Telemetry::new(t, publisher)))
 }
 
 /// The span of a stream event (`None`: telemetry off, or the row is not sampled).
@@ -78,13 +85,12 @@ pub(super) fn add_missing(span: &Option<Started>, headers: OwnedHeaders) -> Owne
     })
 }
 
-pub(super) fn hold(ctx: &Ctx, opaque: usize, span: Option<Started>) {
+pub(super) fn hold(ctx: &Ctx, opaque: usize, event_id: &str, span: Option<Started>) {
     if let (Some(t), Some(s)) = (&ctx.telemetry, span) {
-        t.hold(opaque, s);
+        t.hold(opaque, event_id, s);
     }
 }
 
-/// Ends the span of `opaque` with what became of its record.
 /// Ends the span of a delivery report's record.
 pub(super) fn delivered(ctx: &Ctx, opaque: usize, r: &DeliveryResult<'_>, v: &Verdict) {
     let (p, o) = match r {
@@ -94,6 +100,7 @@ pub(super) fn delivered(ctx: &Ctx, opaque: usize, r: &DeliveryResult<'_>, v: &Ve
     finish(ctx, opaque, p, o, v);
 }
 
+/// Ends the span of `opaque` with what became of its record.
 pub(super) fn finish(ctx: &Ctx, opaque: usize, p: i32, offset: Option<i64>, v: &Verdict) {
     let Some(t) = &ctx.telemetry else {
         return;

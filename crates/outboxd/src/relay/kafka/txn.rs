@@ -32,6 +32,7 @@ use super::outstanding::Outstanding;
 use super::{Ack, Ctx, Origin, Producer, Verdict};
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::obs::telemetry::span::Publisher;
 use crate::poison::policy;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{Producer as _, ThreadedProducer};
@@ -349,7 +350,7 @@ impl Producer {
         .await?
         .get::<_, String>(0);
         let id = transactional_id(system_id, &db, &cfg.source.slot);
-        let (mut p, rx) = Self::create(cfg, observed, Some(&id))?;
+        let (mut p, rx) = Self::create(cfg, observed, Some(&id), Publisher::Stream)?;
         let txn = p.inner.context().txn.clone().expect("transactional");
         // Blocking, once per session: this is the fence (the broker bumps the epoch).
         p.inner
