@@ -1,7 +1,7 @@
 //! OpenTelemetry over TLS (issue 43): the relay exports its publish spans to `https://` OTLP
 //! receivers trusting the CA of `telemetry.certificate` — gRPC (tonic's server TLS) and
-//! HTTP/protobuf (HTTP/1.1 by hand on tokio-rustls, requiring a client certificate), both with
-//! gzip bodies — and a receiver signed by another CA is a named failure that never holds
+//! HTTP/protobuf (HTTP/1.1 by hand on tokio-rustls), both requiring a client certificate
+//! (mutual TLS), both with gzip bodies — and a receiver signed by another CA is a named failure that never holds
 //! delivery: the spans are dropped and counted, every record arrives.
 //!
 //! The receivers decode with the OpenTelemetry project's generated protocol code
@@ -81,17 +81,20 @@ struct Tls {
     ca: String,
 }
 
-/// An OTLP/gRPC receiver over TLS on `port` (gzip accepted), until the sender is dropped.
+/// An OTLP/gRPC receiver over TLS on `port` (gzip accepted) that requires a client certificate
+/// signed by `tls.ca`, until the sender is dropped.
 fn grpc_receiver(port: u16, r: Received, tls: &Tls) -> tokio::sync::oneshot::Sender<()> {
-    use tonic::transport::{Identity, Server, ServerTlsConfig};
+    use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
     // tonic's server TLS takes the process's rustls provider, and this test binary has both
     // ring and aws-lc: pick ring (the relay's own TLS names its provider and needs none).
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let identity = Identity::from_pem(&tls.cert, &tls.key);
+    let config = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&tls.cert, &tls.key))
+        .client_ca_root(Certificate::from_pem(&tls.ca));
     tokio::spawn(async move {
         Server::builder()
-            .tls_config(ServerTlsConfig::new().identity(identity))
+            .tls_config(config)
             .expect("server TLS")
             .add_service(
                 TraceServiceServer::new(r)
@@ -246,7 +249,8 @@ fn write(env: &Env, name: &str, pem: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// `[telemetry]` to `https://127.0.0.1:PORT` trusting the CA file `ca`, gzip on.
+/// `[telemetry]` to `https://127.0.0.1:PORT` trusting the CA file `ca`, gzip on, no client
+/// certificate.
 fn telemetry_toml(port: u16, protocol: &str, ca: &std::path::Path) -> String {
     format!(
         "[telemetry]\nendpoint = \"https://127.0.0.1:{port}\"\nprotocol = \"{protocol}\"\n\
@@ -256,9 +260,28 @@ fn telemetry_toml(port: u16, protocol: &str, ca: &std::path::Path) -> String {
     )
 }
 
-/// One sampled row through the in-process relay: its span arrives at `got` gzip-compressed,
-/// child of the row's span, and the record continues it.
-async fn one_span_arrives(env: &Env, got: &Received, trace: &str) -> anyhow::Result<()> {
+/// One sampled row through the in-process relay exporting over `protocol` with a client
+/// certificate of `ca`: its span arrives at `got` gzip-compressed, child of the row's span, and
+/// the record continues it.
+async fn one_span_arrives(
+    name: &str,
+    protocol: &str,
+    port: u16,
+    ca: &Ca,
+    got: &Received,
+    trace: &str,
+) -> anyhow::Result<()> {
+    let mut env = Env::start(name).await?;
+    let ca_file = write(&env, "ca.pem", &ca.cert.pem())?;
+    let (client_cert, client_key) = ca.sign(rcgen::CertificateParams::new(vec![
+        "outboxd-relay".to_string(),
+    ])?)?;
+    env.extra_toml = format!(
+        "{}client_certificate = \"{}\"\nclient_key = \"{}\"\n",
+        telemetry_toml(port, protocol, &ca_file),
+        write(&env, "client.pem", &client_cert)?.display(),
+        write(&env, "client.key", &client_key)?.display(),
+    );
     create_topics(&env.bootstrap(), &[TOPIC], 1).await?;
     let relay = Relay::start(env.config()?);
     let c = env.sql().await?;
@@ -283,40 +306,23 @@ async fn one_span_arrives(env: &Env, got: &Received, trace: &str) -> anyhow::Res
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spans_go_over_grpc_with_tls_and_gzip() -> anyhow::Result<()> {
+async fn spans_go_over_grpc_with_mutual_tls_and_gzip() -> anyhow::Result<()> {
     let ca = Ca::new("outboxd OTLP test CA")?;
-    let tls = server_tls(&ca)?;
     let port = free_port();
     let got = Received::default();
-    let _stop = grpc_receiver(port, got.clone(), &tls);
-    let mut env = Env::start("otel_tls_grpc").await?;
-    let ca_file = write(&env, "ca.pem", &tls.ca)?;
-    env.extra_toml = telemetry_toml(port, "grpc", &ca_file);
-    one_span_arrives(&env, &got, "8bf92f3577b34da6a3ce929d0e0e4736").await?;
-    Ok(())
+    let _stop = grpc_receiver(port, got.clone(), &server_tls(&ca)?);
+    let trace = "8bf92f3577b34da6a3ce929d0e0e4736";
+    one_span_arrives("otel_tls_grpc", "grpc", port, &ca, &got, trace).await
 }
 
-/// HTTP/protobuf over mutual TLS: the receiver admits only a client certificate of its CA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_go_over_http_protobuf_with_mutual_tls_and_gzip() -> anyhow::Result<()> {
     let ca = Ca::new("outboxd OTLP test CA")?;
-    let tls = server_tls(&ca)?;
     let port = free_port();
     let got = Received::default();
-    http_receiver(port, got.clone(), &tls).await?;
-    let mut env = Env::start("otel_tls_http").await?;
-    let ca_file = write(&env, "ca.pem", &tls.ca)?;
-    let (client_cert, client_key) = ca.sign(rcgen::CertificateParams::new(vec![
-        "outboxd-relay".to_string(),
-    ])?)?;
-    env.extra_toml = format!(
-        "{}client_certificate = \"{}\"\nclient_key = \"{}\"\n",
-        telemetry_toml(port, "http/protobuf", &ca_file),
-        write(&env, "client.pem", &client_cert)?.display(),
-        write(&env, "client.key", &client_key)?.display(),
-    );
-    one_span_arrives(&env, &got, "9bf92f3577b34da6a3ce929d0e0e4736").await?;
-    Ok(())
+    http_receiver(port, got.clone(), &server_tls(&ca)?).await?;
+    let trace = "9bf92f3577b34da6a3ce929d0e0e4736";
+    one_span_arrives("otel_tls_http", "http/protobuf", port, &ca, &got, trace).await
 }
 
 /// The receiver's certificate is signed by another CA than `telemetry.certificate`: the relay
