@@ -1,7 +1,8 @@
 //! An OTLP trace receiver on the OpenTelemetry project's generated protocol code
 //! (`opentelemetry-proto`: its tonic gRPC server, and its messages decoding an HTTP/protobuf
-//! body), for the tests of outboxd's trace export (tests/otel*.rs). Nothing here decodes the
-//! protocol by hand: a span outboxd encoded wrongly fails to decode.
+//! body), for the tests of outboxd's trace export (tests/otel*.rs), in plain text or over
+//! (mutual) TLS. Nothing here decodes the protocol by hand: a span outboxd encoded wrongly fails
+//! to decode.
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -11,33 +12,37 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-/// Every span the receiver got, in arrival order.
+/// What a receiver got: every span in arrival order, and each request's body encoding
+/// (`identity` when none).
 #[derive(Clone, Default)]
-pub struct Received(Arc<Mutex<Vec<Span>>>);
+pub struct Received {
+    spans: Arc<Mutex<Vec<Span>>>,
+    encodings: Arc<Mutex<Vec<String>>>,
+}
 
-#[tonic::async_trait]
-impl TraceService for Received {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut all = self.0.lock().unwrap();
-        for rs in req.into_inner().resource_spans {
+impl Received {
+    fn add(&self, req: ExportTraceServiceRequest, encoding: &str) {
+        let mut all = self.spans.lock().unwrap();
+        for rs in req.resource_spans {
             for ss in rs.scope_spans {
                 all.extend(ss.spans);
             }
         }
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
+        self.encodings.lock().unwrap().push(encoding.to_string());
     }
-}
 
-impl Received {
     pub fn spans(&self) -> Vec<Span> {
-        self.0.lock().unwrap().clone()
+        self.spans.lock().unwrap().clone()
+    }
+
+    /// Each export request's body encoding, in arrival order.
+    pub fn encodings(&self) -> Vec<String> {
+        self.encodings.lock().unwrap().clone()
     }
 
     /// The publish spans (kind PRODUCER), without the relay's own (`outboxd session start`…).
@@ -58,77 +63,169 @@ impl Received {
     }
 }
 
-/// An OTLP/gRPC receiver on `port` until the returned sender is dropped or fired.
-pub fn receiver(port: u16, r: Received) -> tokio::sync::oneshot::Sender<()> {
+#[tonic::async_trait]
+impl TraceService for Received {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let encoding = req
+            .metadata()
+            .get("grpc-encoding")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("identity")
+            .to_string();
+        self.add(req.into_inner(), &encoding);
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+/// A receiver's certificate and key, and the CA that signed it (what mutual TLS checks client
+/// certificates against).
+pub struct Tls {
+    pub cert: String,
+    pub key: String,
+    pub ca: String,
+}
+
+/// An OTLP/gRPC receiver on `port` (gzip accepted; over TLS requiring a client certificate
+/// signed by `tls.ca` when `tls` is given) until the returned sender is dropped or fired.
+pub fn receiver_on(port: u16, r: Received, tls: Option<&Tls>) -> tokio::sync::oneshot::Sender<()> {
+    use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = Server::builder();
+    if let Some(tls) = tls {
+        // tonic's server TLS takes the process's rustls provider, and test binaries have both
+        // ring and aws-lc: pick ring (the relay's own TLS names its provider and needs none).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&tls.cert, &tls.key))
+            .client_ca_root(Certificate::from_pem(&tls.ca));
+        server = server.tls_config(config).expect("server TLS");
+    }
     tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(r))
+        server
+            .add_service(
+                TraceServiceServer::new(r)
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+            )
             .serve_with_shutdown(([127, 0, 0, 1], port).into(), async {
                 let _ = rx.await;
             })
             .await
-            .expect("OTLP receiver");
+            .expect("OTLP/gRPC receiver");
     });
     tx
 }
 
-/// An OTLP/HTTP (protobuf) receiver on `port`: HTTP/1.1 by hand (the exporter sends a
-/// `Content-Length` body to `/v1/traces`), the body decoded by the generated protocol code.
+/// A plain-text OTLP/gRPC receiver on `port` ([`receiver_on`]).
+pub fn receiver(port: u16, r: Received) -> tokio::sync::oneshot::Sender<()> {
+    receiver_on(port, r, None)
+}
+
+/// A plain-text OTLP/HTTP (protobuf) receiver on `port` ([`serve_http`]).
 pub async fn http_receiver(port: u16, r: Received) -> anyhow::Result<()> {
-    use prost::Message as _;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     tokio::spawn(async move {
-        while let Ok((mut sock, _)) = l.accept().await {
-            let r = r.clone();
+        while let Ok((sock, _)) = l.accept().await {
+            tokio::spawn(serve_http(sock, r.clone()));
+        }
+    });
+    Ok(())
+}
+
+/// An OTLP/HTTP (protobuf) receiver over TLS on `port` that requires a client certificate
+/// signed by `tls.ca` ([`serve_http`] on tokio-rustls).
+pub async fn https_receiver(port: u16, r: Received, tls: &Tls) -> anyhow::Result<()> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(tls.ca.as_bytes())?)?;
+    let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()?;
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(clients)
+        .with_single_cert(
+            CertificateDer::pem_slice_iter(tls.cert.as_bytes()).collect::<Result<_, _>>()?,
+            PrivateKeyDer::from_pem_slice(tls.key.as_bytes())?,
+        )?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let l = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = l.accept().await {
+            let (r, acceptor) = (r.clone(), acceptor.clone());
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                loop {
-                    let head_end = loop {
-                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        let mut chunk = [0u8; 8192];
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    assert!(head.starts_with("post /v1/traces "), "{head}");
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < head_end + len {
-                        let mut chunk = [0u8; 8192];
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let req =
-                        ExportTraceServiceRequest::decode(&buf[head_end..head_end + len]).unwrap();
-                    {
-                        let mut all = r.0.lock().unwrap();
-                        for rs in req.resource_spans {
-                            for ss in rs.scope_spans {
-                                all.extend(ss.spans);
-                            }
-                        }
-                    }
-                    buf.drain(..head_end + len);
-                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                    if sock.write_all(ok.as_bytes()).await.is_err() {
-                        return;
-                    }
+                // A refused handshake (wrong CA on the relay's side) just ends the connection.
+                if let Ok(sock) = acceptor.accept(sock).await {
+                    serve_http(sock, r).await;
                 }
             });
         }
     });
     Ok(())
+}
+
+/// One connection of an OTLP/HTTP receiver: HTTP/1.1 by hand (the exporter sends a
+/// `Content-Length` body to `/v1/traces`, gzip or not), each body decoded by the generated
+/// protocol code, answered 200.
+pub async fn serve_http(mut sock: impl AsyncRead + AsyncWrite + Unpin, r: Received) {
+    use prost::Message as _;
+    let mut buf = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        assert!(head.starts_with("post /v1/traces "), "{head}");
+        let field = |name: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+        };
+        let len: usize = field("content-length:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let encoding = field("content-encoding:").unwrap_or("identity".into());
+        while buf.len() < head_end + len {
+            let mut chunk = [0u8; 8192];
+            match sock.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = &buf[head_end..head_end + len];
+        let body = match encoding.as_str() {
+            "gzip" => {
+                let mut out = Vec::new();
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(body), &mut out)
+                    .expect("a gzip body");
+                out
+            }
+            _ => body.to_vec(),
+        };
+        r.add(
+            ExportTraceServiceRequest::decode(body.as_slice()).unwrap(),
+            &encoding,
+        );
+        buf.drain(..head_end + len);
+        let ok =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+        if sock.write_all(ok.as_bytes()).await.is_err() {
+            return;
+        }
+    }
 }
 
 /// The value of attribute `k` of `s`, as text.

@@ -31,15 +31,28 @@ pub struct TelemetryConfig {
     /// `OTEL_SDK_DISABLED`.
     #[serde(default, deserialize_with = "lenient_some")]
     pub disabled: Option<bool>,
-    /// `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE`: PEM file of the CA that signed the receiver's
-    /// certificate (gRPC over TLS).
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)CERTIFICATE`: PEM file of the CA(s) that signed the
+    /// receiver's certificate (both protocols). Unset, an `https://` receiver is checked against
+    /// the Mozilla roots, as `source.sslrootcert` is: what public OTLP services chain to.
     #[serde(default)]
     pub certificate: Option<String>,
-    /// `OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_CERTIFICATE` / `_CLIENT_KEY`: mutual TLS (gRPC).
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)CLIENT_CERTIFICATE` / `_CLIENT_KEY`: mutual TLS (PEM files).
     #[serde(default)]
     pub client_certificate: Option<String>,
     #[serde(default)]
     pub client_key: Option<String>,
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)INSECURE`: decides the transport of a gRPC endpoint written
+    /// without a scheme (`collector:4317`): `true` plain text, else TLS (the specification's
+    /// rule). An `http://` or `https://` endpoint says it itself; HTTP/protobuf needs a scheme.
+    #[serde(default, deserialize_with = "lenient_some")]
+    pub insecure: Option<bool>,
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)COMPRESSION`: `gzip` or `none` (the default).
+    #[serde(default)]
+    pub compression: Option<String>,
+    /// `OTEL_*` values [`Self::fill_from_env`] could not read, refused by [`Self::validate`]
+    /// naming the variable (a typo must not silently mean "plain text").
+    #[serde(skip)]
+    pub env_errors: Vec<String>,
     /// `OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT` in ms (default 10000): one export's limit.
     #[serde(default, deserialize_with = "lenient_some")]
     pub timeout_ms: Option<u64>,
@@ -72,6 +85,9 @@ impl Default for TelemetryConfig {
             certificate: None,
             client_certificate: None,
             client_key: None,
+            insecure: None,
+            compression: None,
+            env_errors: Vec::new(),
             timeout_ms: None,
             max_queue_size: None,
             max_export_batch_size: None,
@@ -121,9 +137,26 @@ impl TelemetryConfig {
             (&mut self.certificate, "CERTIFICATE"),
             (&mut self.client_certificate, "CLIENT_CERTIFICATE"),
             (&mut self.client_key, "CLIENT_KEY"),
+            (&mut self.compression, "COMPRESSION"),
         ] {
             let [a, b] = pair(s);
             fill(slot, &[&a, &b]);
+        }
+        if self.insecure.is_none() {
+            let [a, b] = pair("INSECURE");
+            let found = [&a, &b]
+                .into_iter()
+                .find_map(|n| get(&[n.as_str()]).map(|v| (n.clone(), v)));
+            if let Some((name, v)) = found {
+                match v.to_ascii_lowercase().as_str() {
+                    "true" => self.insecure = Some(true),
+                    "false" => self.insecure = Some(false),
+                    _ => self.env_errors.push(format!(
+                        "{name} = {v:?} is not a boolean: use \"true\" (plain text for a gRPC \
+                         endpoint without a scheme) or \"false\""
+                    )),
+                }
+            }
         }
         fill(&mut self.service_name, &["OTEL_SERVICE_NAME"]);
         fill(&mut self.resource_attributes, &["OTEL_RESOURCE_ATTRIBUTES"]);
@@ -161,16 +194,38 @@ impl TelemetryConfig {
         }
     }
 
-    /// The traces address the exporter sends to.
+    /// The traces address the exporter sends to. A gRPC address without a scheme gets
+    /// `https://`, or `http://` with `insecure = true` (the OTLP exporter specification).
     pub fn traces_url(&self) -> Option<String> {
-        if let Some(t) = &self.traces_endpoint {
-            return Some(t.clone());
-        }
-        let base = self.endpoint.as_deref()?;
+        let url = match (&self.traces_endpoint, self.endpoint.as_deref()) {
+            (Some(t), _) => t.clone(),
+            (None, Some(base)) if self.protocol() == Protocol::HttpProtobuf => {
+                format!("{}/v1/traces", base.trim_end_matches('/'))
+            }
+            (None, Some(base)) => base.to_string(),
+            (None, None) => return None,
+        };
+        let has_scheme = url
+            .split_once("://")
+            .is_some_and(|(scheme, _)| !scheme.contains(['/', '?', '#']));
         Some(match self.protocol() {
-            Protocol::Grpc => base.to_string(),
-            Protocol::HttpProtobuf => format!("{}/v1/traces", base.trim_end_matches('/')),
+            Protocol::Grpc if !has_scheme => {
+                let scheme = if self.insecure == Some(true) {
+                    "http"
+                } else {
+                    "https"
+                };
+                format!("{scheme}://{url}")
+            }
+            _ => url,
         })
+    }
+
+    /// Whether export bodies are gzip-compressed (`compression = "gzip"`).
+    pub fn gzip(&self) -> bool {
+        self.compression
+            .as_deref()
+            .is_some_and(|c| c.trim().eq_ignore_ascii_case("gzip"))
     }
 
     /// The export headers as pairs (URL-decoded values).
@@ -202,25 +257,39 @@ impl TelemetryConfig {
         if !self.enabled() {
             return Ok(());
         }
+        if let Some(e) = self.env_errors.first() {
+            return Err(invalid(format!("telemetry: {e}")));
+        }
+        if let Some(c) = self.compression.as_deref().map(str::trim) {
+            if !(c.eq_ignore_ascii_case("gzip") || c.eq_ignore_ascii_case("none")) {
+                return Err(invalid(format!(
+                    "telemetry.compression (OTEL_EXPORTER_OTLP_COMPRESSION) = {c:?} is not \
+                     supported: use \"gzip\" or \"none\""
+                )));
+            }
+        }
         let url = self.traces_url().unwrap_or_default();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(invalid(format!(
                 "telemetry endpoint {url:?} is not an http:// or https:// address: set \
-                 telemetry.endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) to e.g. http://collector:4317"
+                 telemetry.endpoint (OTEL_EXPORTER_OTLP_ENDPOINT) to e.g. http://collector:4318 \
+                 (protocol http/protobuf needs the scheme; a gRPC address without one means TLS, \
+                 or plain text with telemetry.insecure = true)"
             )));
         }
-        if self.protocol() == Protocol::HttpProtobuf && url.starts_with("https://") {
-            return Err(invalid(
-                "telemetry: https with protocol http/protobuf is not built in; use protocol \
-                 \"grpc\" (TLS with telemetry.certificate) or a collector on http://",
-            ));
-        }
-        if url.starts_with("https://") && self.certificate.is_none() {
-            return Err(invalid(
-                "telemetry: an https:// endpoint needs telemetry.certificate \
-                 (OTEL_EXPORTER_OTLP_CERTIFICATE), the PEM of the CA that signed the receiver's \
-                 certificate: no root store is built in for the trace exporter",
-            ));
+        let tls_files = [
+            ("certificate", &self.certificate),
+            ("client_certificate", &self.client_certificate),
+        ];
+        if let (false, Some((key, _))) = (
+            url.starts_with("https://"),
+            tls_files.iter().find(|(_, v)| v.is_some()),
+        ) {
+            return Err(invalid(format!(
+                "telemetry.{key} is set but the endpoint {url:?} is plain text (http://): the \
+                 spans would travel unencrypted; use an https:// endpoint, or drop the \
+                 certificate settings"
+            )));
         }
         for (k, v) in self.header_pairs() {
             if k.is_empty() || v.is_empty() {
@@ -330,9 +399,112 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("http/protobuf"));
-        t.protocol = None;
-        t.endpoint = Some("collector:4317".into());
+        t.protocol = Some("http/protobuf".into());
+        t.endpoint = Some("collector:4318".into());
         assert!(t.validate().unwrap_err().to_string().contains("http://"));
+    }
+
+    #[test]
+    fn insecure_and_compression_mirror_otel_env_and_the_file_wins() {
+        let mut t = TelemetryConfig {
+            endpoint: Some("collector:4317".into()),
+            ..Default::default()
+        };
+        // The specification's rule: a gRPC address without a scheme is TLS unless insecure.
+        assert_eq!(t.traces_url().unwrap(), "https://collector:4317");
+        t.fill_from_env(&env(&[
+            ("OTEL_EXPORTER_OTLP_INSECURE", "false"),
+            ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "TRUE"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ]));
+        assert_eq!(t.insecure, Some(true), "the traces variable comes first");
+        assert_eq!(t.traces_url().unwrap(), "http://collector:4317");
+        assert!(t.gzip());
+        t.validate().unwrap();
+        // A scheme decides by itself: insecure does not turn https into plain text.
+        t.endpoint = Some("https://collector:4317".into());
+        assert_eq!(t.traces_url().unwrap(), "https://collector:4317");
+
+        let mut f = TelemetryConfig {
+            endpoint: Some("collector:4317".into()),
+            insecure: Some(false),
+            compression: Some("none".into()),
+            ..Default::default()
+        };
+        f.fill_from_env(&env(&[
+            ("OTEL_EXPORTER_OTLP_INSECURE", "true"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+        ]));
+        assert_eq!(f.traces_url().unwrap(), "https://collector:4317");
+        assert!(!f.gzip(), "the file's none wins");
+        f.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_insecure_or_compression_values_are_refused_naming_the_setting() {
+        let on = || TelemetryConfig {
+            endpoint: Some("http://c:4317".into()),
+            ..Default::default()
+        };
+        let mut t = on();
+        t.fill_from_env(&env(&[("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "yes")]));
+        assert_eq!(t.insecure, None);
+        let e = t.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("OTEL_EXPORTER_OTLP_TRACES_INSECURE") && e.contains("\"yes\""),
+            "{e}"
+        );
+        let mut t = on();
+        t.fill_from_env(&env(&[("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd")]));
+        let e = t.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("telemetry.compression")
+                && e.contains("OTEL_EXPORTER_OTLP_COMPRESSION")
+                && e.contains("\"gzip\" or \"none\""),
+            "{e}"
+        );
+        // Telemetry off: an unrelated component's OTEL_* settings do not stop the relay.
+        let mut off = TelemetryConfig::default();
+        off.fill_from_env(&env(&[
+            ("OTEL_EXPORTER_OTLP_INSECURE", "yes"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
+        ]));
+        off.validate().unwrap();
+    }
+
+    #[test]
+    fn https_works_for_both_protocols_and_tls_files_need_it() {
+        let mut t = TelemetryConfig {
+            endpoint: Some("https://api.honeycomb.io".into()),
+            protocol: Some("http/protobuf".into()),
+            ..Default::default()
+        };
+        // No certificate: the Mozilla roots (a public receiver).
+        t.validate().unwrap();
+        assert_eq!(
+            t.traces_url().unwrap(),
+            "https://api.honeycomb.io/v1/traces"
+        );
+        t.fill_from_env(&env(&[
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+                "/tls/client.pem",
+            ),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/tls/client.key"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/tls/ca.pem"),
+        ]));
+        assert_eq!(t.client_certificate.as_deref(), Some("/tls/client.pem"));
+        assert_eq!(t.client_key.as_deref(), Some("/tls/client.key"));
+        t.validate().unwrap();
+        t.endpoint = Some("http://collector:4318".into());
+        let e = t.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("telemetry.certificate") && e.contains("https://"),
+            "{e}"
+        );
+        t.certificate = None;
+        let e = t.validate().unwrap_err().to_string();
+        assert!(e.contains("telemetry.client_certificate"), "{e}");
     }
 
     #[test]
@@ -357,10 +529,20 @@ mod tests {
             .scrub("export failed: header x-api-key=very-secret-api-key");
         assert!(!shown.contains("very-secret-api-key"), "{shown}");
         let e = crate::Config::from_toml_and_env(
-            &format!("{base}[telemetry]\nendpoint = \"https://c:4317\"\n"),
+            &format!("{base}[telemetry]\nendpoint = \"c:4317\"\ncompression = \"brotli\"\n"),
             Vec::<(String, String)>::new(),
         )
         .unwrap_err();
-        assert!(e.to_string().contains("telemetry.certificate"), "{e}");
+        assert!(e.to_string().contains("telemetry.compression"), "{e}");
+        // The OUTBOXD_TELEMETRY_* override is a file setting: it wins over OTEL_*.
+        let c = crate::Config::from_toml_and_env(
+            &format!("{base}[telemetry]\nendpoint = \"c:4317\"\n"),
+            env(&[
+                ("OUTBOXD_TELEMETRY_INSECURE", "true"),
+                ("OTEL_EXPORTER_OTLP_INSECURE", "false"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.telemetry.traces_url().unwrap(), "http://c:4317");
     }
 }
