@@ -378,7 +378,8 @@ impl Stages {
             }
         };
         self.outboxes.get(table).tag(&mut event);
-        let event_type = event.type_or_empty();
+        // The row's own text (not a borrow of `event`, which `prepare` fills in below).
+        let event_type = event.event_type.unwrap_or("");
         if event.tombstone && self.poison.parks_null_payload(event_type, table) {
             let rec = self.record_of(table, &event);
             let msg = "payload is NULL; policy.on_null_payload = \"park\" (set \"tombstone\" to \
@@ -396,11 +397,9 @@ impl Stages {
             let confirmable = self.in_flight.confirmed();
             return self.fence.written(&self.sql, &self.host, confirmable).await;
         }
-        if event.headers.is_some() {
-            if let Err(e) = event.for_each_header(|_, _| {}) {
-                let rec = self.record_of(table, &event);
-                return self.park(rec, e.class(), &e.to_string()).await;
-            }
+        if let Err(e) = event.prepare() {
+            let rec = self.record_of(table, &event);
+            return self.park(rec, e.class(), &e.to_string()).await;
         }
         if !event.tombstone {
             let version = event.schema_version.unwrap_or("1");

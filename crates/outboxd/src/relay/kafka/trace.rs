@@ -25,14 +25,35 @@ pub(super) fn telemetry(
 /// The span of a stream event (`None`: telemetry off, or the row is not sampled).
 pub(super) fn start_event(ctx: &Ctx, topic: &str, e: &Event<'_>) -> Option<Started> {
     let t = ctx.telemetry.as_ref()?;
-    let mut row = RowTrace::default();
-    let _ = e.for_each_header(|k, v| row.see(k, v));
+    let row = row_trace(e.headers);
     let p = Publish {
         topic,
         event_id: e.event_id,
         key: e.aggregate_id,
     };
     t.start(&p, &row, None)
+}
+
+/// The trace context of the row's `headers` column: read from that JSON alone, and only when
+/// it names a `traceparent` at all (most rows of most tables do not; the record's headers are
+/// not built twice for it).
+fn row_trace(headers: Option<&str>) -> RowTrace {
+    let mut row = RowTrace::default();
+    let Some(h) = headers.filter(|h| {
+        h.as_bytes()
+            .windows(b"traceparent".len())
+            .any(|w| w.eq_ignore_ascii_case(b"traceparent"))
+    }) else {
+        return row;
+    };
+    if let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(h) {
+        for (k, v) in &map {
+            if let serde_json::Value::String(v) = v {
+                row.see(k, Some(v.as_bytes()));
+            }
+        }
+    }
+    row
 }
 
 /// The span of a released parked record: in the trace its stored `traceparent` names (the
@@ -120,4 +141,27 @@ pub(super) fn finish(ctx: &Ctx, opaque: usize, p: i32, offset: Option<i64>, v: &
         }),
     };
     t.finish(opaque, p, offset, failure);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_trace;
+
+    #[test]
+    fn the_row_trace_comes_from_the_headers_column_alone() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let r = row_trace(Some(&format!(
+            r#"{{"TraceParent": "{tp}", "tracestate": "k=v", "n": 1}}"#
+        )));
+        assert_eq!(r.traceparent.as_deref(), Some(tp));
+        assert_eq!(r.tracestate.as_deref(), Some("k=v"));
+        for none in [
+            None,
+            Some("{}"),
+            Some(r#"{"tenant": "t"}"#),
+            Some("not json traceparent"),
+        ] {
+            assert!(row_trace(none).traceparent.is_none(), "{none:?}");
+        }
+    }
 }

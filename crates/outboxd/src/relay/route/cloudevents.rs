@@ -27,6 +27,9 @@ use std::sync::Arc;
 pub struct Ce<'a> {
     pub spec: Arc<CloudEvents>,
     pub created_at: Option<&'a str>,
+    /// Built once by [`super::Event::prepare`] (the stage's check), then read by the headers
+    /// and the envelope instead of building them again for each (`None`: built on demand).
+    pub attrs: Option<Arc<Attrs>>,
 }
 
 pub use crate::model::cloudevents::CREATED_AT_HEADER;
@@ -109,10 +112,19 @@ fn digits_only(s: &str) -> bool {
 }
 
 /// The attributes of one event, in a fixed order (name, value).
-struct Attrs {
+#[derive(Debug, PartialEq, Eq)]
+pub struct Attrs {
     core: Vec<(&'static str, String)>,
     /// Row headers, placed columns: (name, value), in the router's order.
     others: Vec<(String, Option<String>)>,
+}
+
+/// The event's attributes: the ones [`super::Event::prepare`] kept, else built now.
+pub fn attributes(e: &Event<'_>, ce: &Ce<'_>) -> Result<Arc<Attrs>, RouteError> {
+    match &ce.attrs {
+        Some(a) => Ok(a.clone()),
+        None => attrs(e, ce).map(Arc::new),
+    }
 }
 
 fn attrs(e: &Event<'_>, ce: &Ce<'_>) -> Result<Attrs, RouteError> {
@@ -206,7 +218,7 @@ pub fn for_each_header(
     ce: &Ce<'_>,
     mut f: impl FnMut(&str, Option<&[u8]>),
 ) -> Result<(), RouteError> {
-    let a = attrs(e, ce)?;
+    let a = attributes(e, ce)?;
     match ce.spec.mode {
         Mode::Binary => {
             let mut name = String::with_capacity(24);
@@ -248,7 +260,7 @@ pub fn envelope(e: &Event<'_>, ce: &Ce<'_>) -> Result<Option<Vec<u8>>, RouteErro
     if ce.spec.mode != Mode::Structured || e.tombstone {
         return Ok(None);
     }
-    let a = attrs(e, ce)?;
+    let a = attributes(e, ce)?;
     let mut out = Vec::with_capacity(e.payload.len() + 512);
     out.push(b'{');
     let mut first = true;
@@ -468,6 +480,28 @@ mod tests {
         assert_eq!(v["partitionkey"], "o-1");
         assert_eq!(v["data"], serde_json::json!({"a": 1}));
         assert!(v.get("tenant_id").is_none());
+    }
+
+    #[test]
+    fn prepared_attributes_build_the_same_record_and_a_bad_one_is_refused_up_front() {
+        for mode in [Mode::Binary, Mode::Structured] {
+            let m = mapping(mode);
+            let plain = m.event(&ROW).unwrap();
+            let mut prepared = plain.clone();
+            prepared.prepare().unwrap();
+            assert!(prepared.ce.as_ref().unwrap().attrs.is_some());
+            assert_eq!(headers(&prepared), headers(&plain), "{mode:?}");
+            assert_eq!(prepared.value(), plain.value(), "{mode:?}");
+            // No `type` without an event type: refused by the stage's check, even for a row
+            // without extra headers (it would otherwise leave without its attributes).
+            let mut row = ROW;
+            row[4] = Value::Null;
+            row[7] = Value::Null;
+            if let Ok(mut e) = m.event(&row) {
+                let err = e.prepare().unwrap_err();
+                assert!(matches!(err, RouteError::CloudEvent(_)), "{err}");
+            }
+        }
     }
 
     #[test]

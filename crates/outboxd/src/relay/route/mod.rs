@@ -249,6 +249,7 @@ impl RowMapping {
                 Some(spec) => Some(cloudevents::Ce {
                     spec: spec.clone(),
                     created_at: opt_text(self.created_at, "created_at")?,
+                    attrs: None,
                 }),
                 None => None,
             },
@@ -323,6 +324,22 @@ impl Event<'_> {
     /// The event type, `""` for a NULL one: the key of policies, metrics and schemas.
     pub fn type_or_empty(&self) -> &str {
         self.event_type.unwrap_or("")
+    }
+
+    /// Checks, once and before it is routed, what the record is built from: the row's extra
+    /// headers, and for a CloudEvent its attributes (a `type` template needing a NULL
+    /// `event_type` included), which it keeps so the headers and the envelope do not build them
+    /// again. The stage parks the event when this fails; what it checked cannot fail later.
+    pub fn prepare(&mut self) -> Result<(), RouteError> {
+        if let Some(ce) = &self.ce {
+            let a = cloudevents::attributes(self, ce)?;
+            if let Some(ce) = &mut self.ce {
+                ce.attrs = Some(a);
+            }
+        } else if self.headers.is_some() {
+            self.for_each_header(|_, _| {})?;
+        }
+        Ok(())
     }
 
     /// The record to park: as it is produced to `topic` (`None`: it cannot be routed). A

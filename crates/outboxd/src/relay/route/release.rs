@@ -107,6 +107,7 @@ pub fn rebuild(
                     .iter()
                     .find(|(k, _)| k == super::cloudevents::CREATED_AT_HEADER)
                     .and_then(|(_, v)| v.as_deref()),
+                attrs: None,
             }),
         content_type: names.content_type.clone(),
         // The parked record keeps bytes, not the column's type: a payload that is no JSON came
@@ -115,9 +116,8 @@ pub fn rebuild(
         binary: serde_json::from_slice::<serde::de::IgnoredAny>(payload).is_err(),
     };
     topic.render(event.aggregate_type, event.event_type, buf)?;
-    if event.ce.is_some() {
-        event.for_each_header(|_, _| {})?;
-    }
+    let mut event = event;
+    event.prepare()?;
     Ok((event.wire_record(Some(buf)), schema_version))
 }
 
