@@ -448,7 +448,8 @@ async fn a_redelivery_is_the_same_span_and_a_replay_links_to_it() -> anyhow::Res
 
 /// Backlog throughput with tracing off, every row sampled, and 1 % sampled, in one run (a
 /// measurement, not a check: `cargo nextest run -p outboxd-tests --test otel --run-ignored
-/// only`, figures printed; docs/benchmarks.md). Debug build of the relay process.
+/// only`, figures printed). Debug build of the relay process: a quick look only; the
+/// release measurement in docs/benchmarks.md is `outboxd-bench otel` (crates/bench/src/otel).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn bench_backlog_with_tracing_off_all_and_one_percent_sampled() -> anyhow::Result<()> {

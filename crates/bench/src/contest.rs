@@ -347,6 +347,15 @@ pub async fn start_paused(
 
 /// Resumes a paused reader and times it until the slot's confirmed LSN covers `end_lsn`.
 pub async fn run_paused(w: &World, p: Paused, end_lsn: u64, events: u64) -> Result<RunResult> {
+    let mut r = drain_paused(w, &p, end_lsn, events).await?;
+    let e = procstat::terminate(p.pid, Duration::from_secs(30))?;
+    r.peak_rss_kib = r.peak_rss_kib.or(Some(e.max_rss_kib));
+    Ok(r)
+}
+
+/// [`run_paused`] that leaves the reader running afterwards (the caller reads what else it
+/// needs of it, e.g. its `/metrics`, then terminates `p.pid`).
+pub async fn drain_paused(w: &World, p: &Paused, end_lsn: u64, events: u64) -> Result<RunResult> {
     let sql = w.sql().await?;
     let (slot, pid, log) = (&p.slot, p.pid, &p.log);
     let pids = [Some(pid), Some(p.walsender), p.sink.broker_pid];
@@ -389,7 +398,6 @@ pub async fn run_paused(w: &World, p: Paused, end_lsn: u64, events: u64) -> Resu
         eprintln!("{} threads:\n{}", p.kind.label(), procstat::threads(pid));
         eprintln!("walsender:\n{}", procstat::threads(p.walsender));
     }
-    let e = procstat::terminate(pid, Duration::from_secs(30))?;
     Ok(RunResult {
         contestant: p.kind,
         events,
@@ -400,7 +408,7 @@ pub async fn run_paused(w: &World, p: Paused, end_lsn: u64, events: u64) -> Resu
         pg_cpu_s: cpu[1],
         broker_cpu_s: cpu[2],
         proxy_cpu_s: proxy0.zip(proxy1).map(|(a, b)| b - a),
-        peak_rss_kib: rss.or(Some(e.max_rss_kib)),
+        peak_rss_kib: rss,
         verified: None,
     })
 }

@@ -26,6 +26,8 @@
 //!   the primary (issue 31): primary CPU per event and commit→ack.
 //! - [`mqbridge`]: `outboxd-bench mqbridge`, outboxd against mq-bridge at light load, commit →
 //!   consumer (issue 28); mq-bridge runs as its own CLI (`scripts/mqbridge.sh`).
+//! - [`otel`]: `outboxd-bench otel`, what OpenTelemetry trace export costs delivery (issue 43):
+//!   backlog and live, off / all sampled / 1 % / receiver down; [`otlp`]: its OTLP receiver.
 
 pub mod bare;
 pub mod bench;
@@ -38,6 +40,8 @@ pub mod contestant;
 pub mod kafka_hop;
 pub mod latency;
 pub mod mqbridge;
+pub mod otel;
+pub mod otlp;
 pub mod poll;
 pub mod procstat;
 pub mod report;

@@ -1,11 +1,12 @@
 //! `outboxd-bench run` — the whole benchmark in one invocation (see docs/benchmarks.md);
 //! `outboxd-bench tables` — many outbox tables through one relay against one relay per table;
 //! `outboxd-bench standby` — the slot on a physical standby against the slot on the primary;
-//! `outboxd-bench mqbridge` — outboxd against mq-bridge, commit → consumer at light load.
+//! `outboxd-bench mqbridge` — outboxd against mq-bridge, commit → consumer at light load;
+//! `outboxd-bench otel` — what OpenTelemetry trace export costs, backlog and live.
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use outboxd_bench::{bare, bench, chart, mqbridge, poll, standby, tables};
+use outboxd_bench::{bare, bench, chart, mqbridge, otel, poll, standby, tables};
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -28,6 +29,9 @@ enum Cmd {
     Standby(Box<standby::Opts>),
     /// outboxd against mq-bridge at light load, commit → consumer (issue 28).
     Mqbridge(Box<mqbridge::Opts>),
+    /// Tracing off / all sampled / 1 % / receiver down: backlog rate, CPU, spans, commit→ack
+    /// (issue 43).
+    Otel(Box<otel::Opts>),
     /// Backlog rate of a bytea outbox (1 KiB binary payloads) against jsonb (issue 46).
     Bytea(Box<outboxd_bench::bytea::Opts>),
     /// Re-render the Markdown and the chart of an earlier run from its JSON report.
@@ -89,6 +93,11 @@ fn main() -> anyhow::Result<()> {
                 let report = standby::run(*o, command_line()).await?;
                 emit(out, &report, report.markdown())
             }
+            Cmd::Otel(o) => {
+                let out = o.out.clone();
+                let report = otel::run(*o, command_line()).await?;
+                emit(out, &report, report.markdown())
+            }
             Cmd::Mqbridge(o) => {
                 let out = o.out.clone();
                 let report = mqbridge::run(*o, command_line()).await?;
@@ -117,7 +126,7 @@ fn json_of(
     })
 }
 
-/// Prints a relay-process bench's report (`tables`, `standby`, `mqbridge`) and writes its
+/// Prints a relay-process bench's report (`tables`, `standby`, `mqbridge`, `otel`) and writes its
 /// JSON and Markdown where asked.
 fn emit(out: tables::OutOpts, report: &impl serde::Serialize, md: String) -> anyhow::Result<()> {
     let json = json_of(out.json, report)?;

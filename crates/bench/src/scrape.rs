@@ -17,13 +17,30 @@ pub struct Buckets(pub Vec<(f64, u64)>);
 
 /// Fetches the relay's histogram from `http://127.0.0.1:{port}/metrics`.
 pub fn commit_to_ack(port: u16) -> Result<Buckets> {
+    Ok(parse(&metrics_text(port)?))
+}
+
+/// The relay's whole `/metrics` page (the HTTP response, headers included).
+pub fn metrics_text(port: u16) -> Result<String> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("metrics endpoint 127.0.0.1:{port}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
     let mut body = String::new();
     s.read_to_string(&mut body)?;
-    Ok(parse(&body))
+    Ok(body)
+}
+
+/// The sum over every label set of the counter `name` (a relay that never counted one has no
+/// such line: 0).
+pub fn counter(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 pub fn parse(text: &str) -> Buckets {
@@ -137,6 +154,17 @@ mod tests {
         assert_eq!(v.within_15ms, Some(0.7));
         assert_eq!(v.p50_le_ms, 15.0);
         assert_eq!(v.p99_le_ms, 50.0);
+    }
+
+    #[test]
+    fn a_counter_sums_its_label_sets_and_is_zero_when_absent() {
+        let text = "# TYPE outboxd_trace_spans_dropped_total counter\n\
+                    outboxd_trace_spans_dropped_total{reason=\"queue_full\"} 7\n\
+                    outboxd_trace_spans_dropped_total{reason=\"export_failed\"} 5\n\
+                    outboxd_trace_spans_dropped_total_other 100\n";
+        assert_eq!(counter(text, "outboxd_trace_spans_dropped_total"), 12.0);
+        assert_eq!(counter("", "outboxd_trace_spans_dropped_total"), 0.0);
+        assert_eq!(counter("x_total 3\n", "x_total"), 3.0);
     }
 
     #[test]

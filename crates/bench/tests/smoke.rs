@@ -310,3 +310,77 @@ fn mqbridge_without_its_cli_says_how_to_install_it() {
         "{err}"
     );
 }
+
+/// `outboxd-bench otel` at a few hundred events: every backlog mode (off, all sampled, 1 %,
+/// receiver down) and every live mode (off, receiver up, receiver down) delivers every event,
+/// and the report carries every figure of docs/benchmarks.md's tracing section.
+#[test]
+fn otel_smoke_delivers_every_event_in_every_mode_and_reports_each_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("otel.json");
+    let (r, md) = bench(
+        &[
+            "otel",
+            "--events",
+            "300",
+            "--runs",
+            "1",
+            "--live-rate",
+            "1000",
+            "--live-secs",
+            "0.5",
+            "--writers",
+            "2",
+        ],
+        &json,
+    );
+    let backlog = r["backlog"].as_array().unwrap();
+    assert_eq!(backlog.len(), 4, "one run of each backlog mode");
+    // 300 events and the 1,000 warm-up rows: all sampled, or every 100th.
+    for (mode, sampled) in [
+        ("Off", 1300),
+        ("All", 1300),
+        ("OnePercent", 13),
+        ("ReceiverDown", 1300),
+    ] {
+        let b = backlog
+            .iter()
+            .find(|x| x["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} backlog run"));
+        let v = &b["verified"];
+        assert_eq!(v["distinct"], v["expected"], "{mode}: {v}");
+        assert_eq!(v["out_of_order"], 0, "{mode}: {v}");
+        assert!(b["rate"].as_f64().unwrap() > 0.0, "{b}");
+        for k in ["relay_cpu_s", "walsender_cpu_s"] {
+            assert!(b[k].as_f64().is_some(), "{mode} {k}: {b}");
+        }
+        assert_eq!(b["spans"]["sampled"], sampled, "{mode}: {b}");
+        assert!(b["spans"]["dropped"].as_u64().is_some(), "{mode}: {b}");
+        let received = b["spans"]["received"].as_u64().unwrap();
+        match mode {
+            "Off" | "ReceiverDown" => assert_eq!(received, 0, "{mode}: {b}"),
+            _ => assert!(received > 0, "{mode}: the receiver got nothing: {b}"),
+        }
+    }
+    let live = r["live"].as_array().unwrap();
+    assert_eq!(live.len(), 3, "one run of each live mode");
+    for mode in ["Off", "All", "ReceiverDown"] {
+        let l = live
+            .iter()
+            .find(|x| x["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} live point"));
+        let p = &l["point"];
+        assert_eq!(p["unacked"], 0, "{mode}: {p}");
+        let v = &p["verified"];
+        assert_eq!(v["distinct"], v["expected"], "{mode}: {v}");
+        assert!(
+            p["latency"]["p99_ms"].as_f64().unwrap() > 0.0,
+            "{mode}: {p}"
+        );
+        assert!(p["relay_view"]["transactions"].as_u64().unwrap() > 0, "{p}");
+        assert!(p["cpu"]["relay"].as_f64().is_some(), "{mode}: {p}");
+        assert!(l["spans"]["sampled"].as_u64().unwrap() > 0, "{l}");
+    }
+    assert!(md.contains("| 1 % sampled |"), "{md}");
+    assert!(md.contains("| all sampled, receiver down |"), "{md}");
+}

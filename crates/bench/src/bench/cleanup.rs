@@ -30,11 +30,12 @@ pub async fn cleanup_points(
     )
     .await?;
     sql.batch_execute("VACUUM ANALYZE outbox").await?;
-    let mut s = start_relay(w, o, cfg, kind, Some("_cleanup".into())).await?;
+    let plan = o.live_plan();
+    let mut s = start_relay(w, &plan, cfg, kind, Some("_cleanup".into())).await?;
     // The relay writes its delivery mark every source.state_interval_ms (1 s); cleanup
     // deletes nothing before it.
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-    let (baseline, written) = relay_point(w, o, &s.run(kind), load).await?;
+    let (baseline, written) = relay_point(w, &plan, &s.run(kind), load).await?;
     s.total += written.events;
 
     log(format!(
@@ -50,7 +51,7 @@ pub async fn cleanup_points(
         .stderr(Stdio::piped())
         .spawn()
         .context("start outboxd cleanup")?;
-    let (during, written) = relay_point(w, o, &s.run(kind), load).await?;
+    let (during, written) = relay_point(w, &plan, &s.run(kind), load).await?;
     s.total += written.events;
     let out = child.wait_with_output().await?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -11,7 +11,7 @@ use crate::procstat::{self, CpuSnap};
 use crate::report::{LatencyPoint, LiveCpu};
 use crate::scrape;
 use crate::verify::verify_topic;
-use crate::world::{self, World, AGG_TYPE};
+use crate::world::{self, Shape, World, AGG_TYPE};
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
 
@@ -165,8 +165,37 @@ pub async fn kafka_tls_points(
     Ok(out)
 }
 
+/// What a relay's live points need of a bench's options (`run`'s [`Opts::live_plan`], or
+/// another bench's own), so every bench measures a live point the same way.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LivePlan {
+    /// The rows the writers commit (its transaction size too).
+    pub shape: Shape,
+    /// Partitions of the relay's topic.
+    pub partitions: i32,
+    /// Seconds of writing per point.
+    pub secs: f64,
+    /// Writer connections.
+    pub writers: usize,
+    /// Period of the confirmed-LSN sampler.
+    pub confirm_poll_ms: u64,
+}
+
+impl Opts {
+    /// The latency phase's plan: the first transaction size, `--latency-secs`, `--writers`.
+    pub(crate) fn live_plan(&self) -> LivePlan {
+        LivePlan {
+            shape: self.shape(self.tx_sizes[0]),
+            partitions: self.rows.partitions,
+            secs: self.latency_secs,
+            writers: self.writers,
+            confirm_poll_ms: self.confirm_poll_ms,
+        }
+    }
+}
+
 /// What one relay process's points share.
-pub(super) struct RelayRun<'a> {
+pub(crate) struct RelayRun<'a> {
     pub kind: Contestant,
     pub sql: &'a tokio_postgres::Client,
     pub slot: &'a str,
@@ -176,7 +205,7 @@ pub(super) struct RelayRun<'a> {
 }
 
 /// A relay process on a fresh slot, warmed up: what its points and its end need.
-pub(super) struct Started {
+pub(crate) struct Started {
     pub slot: String,
     /// The relay's config file (other outboxd commands may use it).
     pub config: std::path::PathBuf,
@@ -193,6 +222,11 @@ pub(super) struct Started {
 }
 
 impl Started {
+    /// The relay's `/metrics` port (OUTBOXD_METRICS_LISTEN), for figures beyond commit→ack.
+    pub fn metrics_port(&self) -> u16 {
+        self.metrics_port
+    }
+
     pub fn run(&self, kind: Contestant) -> RelayRun<'_> {
         RelayRun {
             kind,
@@ -207,14 +241,14 @@ impl Started {
 
 /// Starts one relay process (fresh slot and topic) and warms it up. `round` numbers the slot
 /// and topic when a contestant gets more than one process.
-pub(super) async fn start_relay(
+pub(crate) async fn start_relay(
     w: &mut World,
-    o: &Opts,
+    plan: &LivePlan,
     cfg: &RunCfg,
     kind: Contestant,
     round: Option<String>,
 ) -> Result<Started> {
-    let shape = o.shape(o.tx_sizes[0]);
+    let shape = plan.shape;
     let r = round.unwrap_or_default();
     let slot = format!("{}_lat{r}", kind.tag());
     let topic = format!("{}.lat{r}.{AGG_TYPE}", kind.tag());
@@ -223,7 +257,7 @@ pub(super) async fn start_relay(
     world::create_topics_at(
         &sink.bootstrap,
         std::slice::from_ref(&topic),
-        o.rows.partitions,
+        plan.partitions,
     )
     .await?;
     let sql = w.sql().await?;
@@ -267,7 +301,7 @@ pub(super) async fn start_relay(
 
 /// Stops the relay, drops its slot and verifies its topic holds every event written (the
 /// verdict goes on the last of `points`; RSS on all points).
-pub(super) async fn finish_relay(
+pub(crate) async fn finish_relay(
     w: &mut World,
     kind: Contestant,
     s: Started,
@@ -307,19 +341,20 @@ async fn latency_relay(
     rates: &[Load],
     consumer_at: &[Load],
 ) -> Result<(Vec<LatencyPoint>, Vec<LatencyPoint>)> {
-    let mut s = start_relay(w, o, cfg, kind, round).await?;
+    let plan = o.live_plan();
+    let mut s = start_relay(w, &plan, cfg, kind, round).await?;
     // The consumer point comes first, while the topic is short: tansu's fetches (memory
     // storage) cost more the longer the topic, which would charge the broker, not the relay.
     let mut with_consumer = vec![];
     for &load in consumer_at {
         let c = LiveConsumer::start(&s.bootstrap, &s.topic)?;
-        let (p, written) = relay_point(w, o, &s.run(kind), load).await?;
+        let (p, written) = relay_point(w, &plan, &s.run(kind), load).await?;
         s.total += written.events;
         with_consumer.push(consumer_view(p, c, &written)?);
     }
     let mut points = vec![];
     for &load in rates {
-        let (p, written) = relay_point(w, o, &s.run(kind), load).await?;
+        let (p, written) = relay_point(w, &plan, &s.run(kind), load).await?;
         s.total += written.events;
         let saturated = p.saturated;
         points.push(p);
@@ -331,22 +366,22 @@ async fn latency_relay(
     Ok((points, with_consumer))
 }
 
-pub(super) async fn relay_point(
+pub(crate) async fn relay_point(
     w: &mut World,
-    o: &Opts,
+    plan: &LivePlan,
     r: &RelayRun<'_>,
     (rate, fraction): Load,
 ) -> Result<(LatencyPoint, Written)> {
-    let shape = o.shape(o.tx_sizes[0]);
     let hist0 = scrape::commit_to_ack(r.metrics_port)?;
     let cpu0 = CpuSnap::take(&r.pids);
     let threads0 = std::env::var_os("BENCH_THREADS")
         .and(r.pids[0])
         .map(procstat::thread_snaps);
     let proxy0 = r.proxy_tid.and_then(procstat::thread_cpu_secs);
-    let poller = ConfirmPoller::start(w, r.slot, Duration::from_millis(o.confirm_poll_ms)).await?;
+    let poller =
+        ConfirmPoller::start(w, r.slot, Duration::from_millis(plan.confirm_poll_ms)).await?;
     let written =
-        latency::open_loop(w, "outbox", Some(rate), o.latency_secs, shape, o.writers).await?;
+        latency::open_loop(w, "outbox", Some(rate), plan.secs, plan.shape, plan.writers).await?;
     let target = written.commits.iter().map(|c| c.lsn).max().unwrap_or(0);
     let deadline = Instant::now() + Duration::from_secs(30);
     while world::slot_state(r.sql, r.slot).await?.1 < target && Instant::now() < deadline {

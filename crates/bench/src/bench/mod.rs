@@ -189,7 +189,7 @@ pub(crate) fn sibling(name: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
-fn env_pairs(kvs: &[String]) -> Vec<(String, String)> {
+pub(crate) fn env_pairs(kvs: &[String]) -> Vec<(String, String)> {
     kvs.iter()
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
