@@ -245,3 +245,27 @@ pub fn attr(s: &Span, k: &str) -> Option<String> {
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// Waits (up to 20 s) for the first publish span and checks it is `event_id`'s, a child of
+/// `parent` in `trace`, and that `record_traceparent` (the record's header) continues it.
+pub async fn first_publish_continues(
+    got: &Received,
+    trace: &str,
+    parent: &str,
+    event_id: &str,
+    record_traceparent: &str,
+) -> anyhow::Result<Span> {
+    crate::eventually(std::time::Duration::from_secs(20), || async {
+        Ok(!got.publish_spans().is_empty())
+    })
+    .await?;
+    let s = got.publish_spans().remove(0);
+    assert_eq!(hex(&s.trace_id), trace);
+    assert_eq!(hex(&s.parent_span_id), parent);
+    assert_eq!(attr(&s, "messaging.message.id").as_deref(), Some(event_id));
+    assert_eq!(
+        record_traceparent,
+        format!("00-{trace}-{}-01", hex(&s.span_id))
+    );
+    Ok(s)
+}

@@ -4,7 +4,7 @@
 //! span, unsampled rows, and a receiver that is down and comes back.
 
 use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode};
-use outboxd_tests::otlp::{attr, hex, http_receiver, receiver, Received};
+use outboxd_tests::otlp::{attr, first_publish_continues, hex, http_receiver, receiver, Received};
 use outboxd_tests::replay::{by_id, raw_records, replay};
 use outboxd_tests::testkit::free_port;
 use outboxd_tests::*;
@@ -144,18 +144,14 @@ async fn spans_go_over_http_protobuf_too() -> anyhow::Result<()> {
     )
     .await?;
     let recs = read_topic(&env.bootstrap(), TOPIC, 1, Duration::from_secs(30))?;
-    eventually(Duration::from_secs(20), || async {
-        Ok(!got.publish_spans().is_empty())
-    })
-    .await?;
-    let s = &got.publish_spans()[0];
-    assert_eq!(hex(&s.trace_id), trace);
-    assert_eq!(hex(&s.parent_span_id), "20f067aa0ba902b7");
-    assert_eq!(attr(s, "messaging.message.id"), Some(id.to_string()));
-    assert_eq!(
+    first_publish_continues(
+        &got,
+        trace,
+        "20f067aa0ba902b7",
+        &id.to_string(),
         recs[0].header("traceparent"),
-        format!("00-{trace}-{}-01", hex(&s.span_id))
-    );
+    )
+    .await?;
     relay.shutdown().await?;
     Ok(())
 }
