@@ -90,11 +90,11 @@ async fn one_span_arrives(
     let id = insert_sampled(&c, "t-1", trace).await?;
     let recs = read_topic(&env.bootstrap(), TOPIC, 1, Duration::from_secs(30))?;
     first_publish_continues(
-        &got,
+        got,
         trace,
         "40f067aa0ba902b7",
         &id.to_string(),
-        &recs[0].header("traceparent"),
+        recs[0].header("traceparent"),
     )
     .await?;
     let encodings = got.encodings();
