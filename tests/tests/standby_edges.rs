@@ -391,6 +391,27 @@ async fn a_parked_event_is_not_confirmed_before_the_standby_replayed_its_row() -
             read_log(&w.log)
         );
     }
+    // The fence outlives the session (issue 56): the state row's acknowledged position, where
+    // the next session starts, stays below the event too, and a restarted relay still holds.
+    let recorded = w.env.recorded_acked_lsn().await?;
+    ensure!(
+        recorded <= before,
+        "outboxd_slot_state.acked_lsn {recorded:X} is past the parked event ({before:X}) while \
+         the standby has not replayed its row: {}",
+        read_log(&w.log)
+    );
+    relay.sigterm()?;
+    let mut relay = RelayProcess::spawn(&w.config, w.log.clone())?;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let confirmed = w.standby_confirmed().await?;
+        ensure!(
+            confirmed <= before && w.env.recorded_acked_lsn().await? <= before,
+            "after a restart the slot confirmed {confirmed:X}, past the parked event \
+             ({before:X}): {}",
+            read_log(&w.log)
+        );
+    }
     w.replay_paused(false).await?;
     eventually(Duration::from_secs(30), || async {
         Ok(w.standby_confirmed().await? > before)

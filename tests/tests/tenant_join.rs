@@ -257,6 +257,94 @@ async fn a_partition_attached_while_streaming_delivers_the_rows_it_held() -> any
     Ok(())
 }
 
+/// Issue 56: a new LIST-partitioned tenant whose partition was a standalone table filled
+/// before the `ATTACH`, all in the transaction that creates the tenant (a provisioning script),
+/// then 100 more rows — and the same as four quick separate transactions. Before: 100 of 300
+/// delivered both ways (the root was "born in the publication" and its partitions were
+/// recorded as covered by that verdict). Now every member is judged on its own: 300/300.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefilled_partition_attached_to_a_new_tenant_delivers_its_rows() -> anyhow::Result<()> {
+    let (env, mut c, relay) = streaming("join_prefill", &["tenant_y", "tenant_z"]).await?;
+    for (tenant, one_tx) in [("tenant_y", true), ("tenant_z", false)] {
+        let steps = [
+            format!(
+                "CREATE SCHEMA {tenant}; \
+                 CREATE TABLE {tenant}.outbox (LIKE public.outbox INCLUDING DEFAULTS, \
+                     PRIMARY KEY (event_id, aggregate_type)) PARTITION BY LIST (aggregate_type)"
+            ),
+            format!(
+                "CREATE TABLE {tenant}.outbox_orders (LIKE {tenant}.outbox INCLUDING DEFAULTS)"
+            ),
+        ];
+        let attach = format!(
+            "ALTER TABLE {tenant}.outbox ATTACH PARTITION {tenant}.outbox_orders \
+             FOR VALUES IN ('order')"
+        );
+        let mut ids = Vec::new();
+        if one_tx {
+            let tx = c.transaction().await?;
+            for st in &steps {
+                tx.batch_execute(st).await?;
+            }
+            ids.extend(
+                rows(
+                    &tx,
+                    &format!("{tenant}.outbox_orders"),
+                    "O",
+                    "order",
+                    1,
+                    200,
+                )
+                .await?,
+            );
+            tx.batch_execute(&attach).await?;
+            tx.commit().await?;
+        } else {
+            for st in &steps {
+                c.batch_execute(st).await?;
+            }
+            ids.extend(rows(&c, &format!("{tenant}.outbox_orders"), "O", "order", 1, 200).await?);
+            c.batch_execute(&attach).await?;
+        }
+        ids.extend(rows(&c, &format!("{tenant}.outbox"), "O", "order", 201, 100).await?);
+        all_delivered(
+            &env,
+            &format!("tenants.{tenant}"),
+            &format!("{tenant}.outbox"),
+            &ids,
+        )?;
+    }
+    tenant_a_flows(&env, &c, 6).await?;
+    assert!(!relay.is_finished(), "the relay kept running");
+    relay.shutdown().await?;
+    Ok(())
+}
+
+/// Issue 56: a tenant that joins after it held rows (renamed into the pattern) and once saw an
+/// insert rolled back. Before: the statistics' extra insert stopped the relay — every tenant —
+/// as if rows had been deleted. Now only deletes count: 60/60 delivered, the relay streams on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_insert_in_a_late_tenant_stops_nothing() -> anyhow::Result<()> {
+    let (env, mut c, relay) = streaming("join_rollback", &["tenant_r"]).await?;
+    c.batch_execute(
+        "CREATE SCHEMA tenant_r; \
+         CREATE TABLE tenant_r.outbox_new (LIKE public.outbox INCLUDING ALL)",
+    )
+    .await?;
+    let mut ids = rows(&c, "tenant_r.outbox_new", "R", "acct", 1, 40).await?;
+    let tx = c.transaction().await?;
+    rows(&tx, "tenant_r.outbox_new", "R", "acct", 41, 1).await?;
+    tx.rollback().await?;
+    c.batch_execute("ALTER TABLE tenant_r.outbox_new RENAME TO outbox")
+        .await?;
+    ids.extend(rows(&c, "tenant_r.outbox", "R", "acct", 41, 20).await?);
+    all_delivered(&env, "tenants.tenant_r", "tenant_r.outbox", &ids)?;
+    tenant_a_flows(&env, &c, 6).await?;
+    assert!(!relay.is_finished(), "the relay kept running");
+    relay.shutdown().await?;
+    Ok(())
+}
+
 /// Through a publication without `publish_via_partition_root`, a partition detached (then
 /// dropped) while rows it committed as a partition wait in the slot: the relay was stopped,
 /// 100 rows went into the partition, `DETACH PARTITION`, the relay started again. Those rows

@@ -114,6 +114,14 @@ pub fn topic_for(template: &str, schema: &str, table: &str) -> String {
         .replace("{table}", table)
 }
 
+/// outboxd's own tables (`outbox_parked*`, `outboxd_*`): never an outbox, whatever a pattern
+/// matches. The catalog queries and the join trigger say the same in SQL
+/// (`crate::slot::join`'s `OWN_TABLES`); a Relation message is checked here, so a session never
+/// ends for one of them ("joined the publication") and restarts into the same message forever.
+pub fn is_own_table(table: &str) -> bool {
+    table.starts_with("outbox_parked") || table.starts_with("outboxd_")
+}
+
 /// A `[[source.tables]]` pattern: `schema_like.table_like`, SQL `LIKE` semantics without
 /// escapes (`%` any run of characters, `_` any one), case-sensitive like the names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,9 +151,11 @@ impl Pattern {
     }
 
     /// Does `schema.table` match? The same answer as SQL `LIKE` gives (the event trigger and
-    /// the catalog queries use it).
+    /// the catalog queries use it), except that outboxd's own tables never match
+    /// ([`is_own_table`]): `public.outbox_%` must not make `outbox_parked` an outbox.
     pub fn matches(&self, schema: &str, table: &str) -> bool {
-        like(self.schema.as_bytes(), schema.as_bytes())
+        !is_own_table(table)
+            && like(self.schema.as_bytes(), schema.as_bytes())
             && like(self.table.as_bytes(), table.as_bytes())
     }
 }
@@ -260,6 +270,18 @@ mod tests {
         assert!(!p.matches("tenant_a", "outbox2"));
         assert!(!p.matches("Tenant_a", "outbox"), "case-sensitive");
         assert!(Pattern::parse("%.%").unwrap().matches("a", "b"));
+        // outboxd's own tables are never outboxes, whatever the pattern.
+        let own = Pattern::parse("public.outbox_%").unwrap();
+        assert!(own.matches("public", "outbox_v2"));
+        for t in [
+            "outbox_parked",
+            "outbox_parked_audit",
+            "outboxd_status",
+            "outboxd_slot_state",
+        ] {
+            assert!(!own.matches("public", t), "{t}");
+            assert!(!Pattern::parse("%.%").unwrap().matches("public", t), "{t}");
+        }
         for bad in ["outbox", "a.b.c", "a..b", "a.b-c", "a.b'", ".b"] {
             assert!(Pattern::parse(bad).is_err(), "{bad}");
         }

@@ -8,3 +8,4 @@ pub(crate) mod join;
 pub(crate) mod publication;
 pub(crate) mod recovery;
 pub(crate) mod state;
+pub(crate) mod vouch;

@@ -251,35 +251,24 @@ pub async fn prepare(
             pid: "(another instance is recovering it)".into(),
         });
     }
-    for t in &tables {
-        let names = t.columns.resolve()?;
-        let (Some(mark), Some(ts), false, false) = (
-            loss.mark,
-            &names.created_at,
-            manual,
-            matches!(loss.reason, LossReason::Interrupted(_)),
-        ) else {
-            continue;
-        };
-        // Rows delivered at the mark were in the table; if none is left, cleanup (or a writer
-        // that deletes in the inserting transaction) may have removed gap rows too. Per table:
-        // one table's old rows vouch for nothing in another.
-        let q = format!(
-            "SELECT EXISTS (SELECT 1 FROM {} WHERE {} <= $1)",
-            qualified(t),
-            quote_ident(ts)
-        );
-        let present: bool = sql.query_one(&q, &[&mark]).await?.get(0);
-        if !present {
-            let why = format!(
-                "The outbox table {} no longer holds the rows delivered at the delivery mark {} \
-                 (cleaned up, deleted in the transaction that inserted them, or a table that \
-                 held none yet), so it cannot vouch for the rows of the gap: events committed \
-                 after the mark may be lost and must be re-emitted by their writers",
-                t.label(),
-                mark.to_rfc3339()
-            );
-            return Err(refusal(cfg, sql, loss, &why).await);
+    // Every automatic recovery asks each table whether it still holds the gap (a witness row
+    // from before it, or statistics showing no row ever left): per table, since one table's
+    // rows vouch for nothing in another. The operator's `recover` is their explicit choice.
+    if !manual {
+        for t in &tables {
+            let names = t.columns.resolve()?;
+            if let Some(why) = crate::slot::vouch::why_not(
+                sql,
+                &t.schema,
+                &t.name,
+                &gap,
+                loss.mark,
+                names.created_at.as_deref(),
+            )
+            .await?
+            {
+                return Err(refusal(cfg, sql, loss, &why).await);
+            }
         }
     }
     slot_state::begin_recovery(sql, &cfg.source.slot, identity, &gap, label).await?;

@@ -438,8 +438,12 @@ async fn save_state(
     walsender: i32,
     saved: Saved,
 ) -> Result<Saved, RelayError> {
+    // What the slot may confirm, not what the broker acknowledged: on a standby the replay
+    // fence holds the position below a parked or held event whose row the standby has not
+    // replayed yet, and the next session starts from this row's `acked_lsn` — uncapped, the
+    // fence lasted one session (issue 56).
     let mut now = Saved {
-        lsn: st.in_flight().confirmed(),
+        lsn: st.confirmable(),
         mark_us: st.in_flight().delivery_mark_us(),
         ..saved
     };

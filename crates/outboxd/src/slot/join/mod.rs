@@ -381,14 +381,17 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
                 if !owed_rows(cfg, out, lsn, t, &rels, "TRUE").await? {
                     return Ok(false);
                 }
-            } else {
-                tracing::info!(table = %t.label(), "a table joined the publication when it was created: streamed from its first row");
+                // Its partitions were read whole with it.
+                let mut done = vec![*oid];
+                done.extend(&members);
+                slot_state::add_joined(out.st.sql(), &slot, &done).await?;
+                continue;
             }
-            // Its partitions are covered by the table's verdict.
-            let mut done = vec![*oid];
-            done.extend(&members);
-            slot_state::add_joined(out.st.sql(), &slot, &done).await?;
-            continue;
+            tracing::info!(table = %t.label(), "a table joined the publication when it was created: streamed from its first row");
+            // Only the root is proven: a partition attached with rows it held before (even in
+            // the creating transaction) is owed them, so each member is judged below (issue
+            // 56: a pre-filled partition attached to a new tenant was never published).
+            slot_state::add_joined(out.st.sql(), &slot, &[*oid]).await?;
         }
         for m in members.iter().filter(|m| !joined.contains(m)) {
             let qualified = partitions::qualified(t);

@@ -1,0 +1,98 @@
+//! Can an outbox table vouch for a lost slot's gap? (R40, R53; docs/reliability.md, "What halts")
+//!
+//! A recovery republishes the gap from the table. That is only honest when the table still
+//! holds the gap's rows: a writer that deletes its rows in the inserting transaction
+//! (Debezium's insert-then-delete), or a cleanup that went past the delivery mark, leaves
+//! nothing to read, and "recovered 0 events" would be a silent loss. Every automatic recovery
+//! — a missing or invalidated slot, an interrupted recovery, a gap the publication left — asks
+//! each table, before anything is republished, and halts with the gap when one cannot answer.
+//!
+//! Two proofs, either suffices:
+//! - **a witness**: a row delivered before the gap is still in the table (written by a
+//!   transaction older than `delivered_xid`, or, with `created_at` mapped, created at or
+//!   before the delivery mark). The rows after it were not cleaned up and the writer does not
+//!   delete what it inserts. This needs no `created_at`: `xmin` is stamped by Postgres.
+//! - **the statistics**: the table never lost a row (`pg_stat_user_tables`: no delete, no more
+//!   inserts than rows held) and is not an empty heap with pages (the dead tuples an
+//!   insert-then-delete writer leaves, visible before its statistics are flushed). This covers
+//!   a table whose every row is in the gap (a slot lost before its first delivery).
+//!
+//! Before this check ran only with `created_at` mapped and never for an interrupted (or
+//! publication-owed) gap: a Debezium-preset table lost its whole gap silently.
+
+use crate::error::RelayError;
+use crate::model::sql::quote_ident;
+use crate::slot::gap::{self, Gap};
+use chrono::{DateTime, Utc};
+use tokio_postgres::Client;
+
+/// Why `table` (schema, name) cannot vouch for `gap`, or `None` when it can.
+/// `created_at`: the mapping's column, when it has one; `mark`: the delivery mark.
+pub async fn why_not(
+    sql: &Client,
+    schema: &str,
+    name: &str,
+    gap: &Gap,
+    mark: Option<DateTime<Utc>>,
+    created_at: Option<&str>,
+) -> Result<Option<String>, RelayError> {
+    let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
+    let mut witnesses = Vec::new();
+    if let Some(x) = gap.from_xid {
+        let next = gap::next_xid(sql).await?;
+        if let Some(older) = gap::older_than(x, next) {
+            witnesses.push(older);
+        }
+    }
+    if let (Some(m), Some(ts)) = (mark, created_at) {
+        witnesses.push(format!(
+            "o.{} <= '{}'::timestamptz",
+            quote_ident(ts),
+            m.to_rfc3339()
+        ));
+    }
+    if !witnesses.is_empty() {
+        let q = format!(
+            "SELECT EXISTS (SELECT 1 FROM {qualified} o WHERE {})",
+            witnesses.join(" OR ")
+        );
+        if sql.query_one(&q, &[]).await?.get::<_, bool>(0) {
+            return Ok(None);
+        }
+    }
+    // No witness: the table (with its partitions) must never have lost a row.
+    let q = format!(
+        "WITH r AS (SELECT {lit}::regclass::oid AS relid \
+                    UNION SELECT relid FROM pg_partition_tree({lit}::regclass)) \
+         SELECT COALESCE(sum(s.n_tup_ins), 0)::bigint, COALESCE(sum(s.n_tup_del), 0)::bigint, \
+                (SELECT count(*) FROM {qualified}), \
+                (SELECT COALESCE(sum(pg_relation_size(relid)), 0)::bigint FROM r) \
+         FROM pg_stat_user_tables s WHERE s.relid IN (SELECT relid FROM r)",
+        lit = literal(&qualified)
+    );
+    let row = sql.query_one(&q, &[]).await?;
+    let (ins, del, held, heap): (i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    if del == 0 && ins <= held && !(held == 0 && heap > 0) {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "the outbox table {schema}.{name} cannot vouch for the gap: it no longer holds the rows \
+         delivered before the gap (no row of a transaction older than the gap{ts}), and its statistics \
+         show rows it no longer holds ({ins} inserted, {del} deleted, {held} held, {heap} heap \
+         bytes) — its writer deletes rows in the inserting transaction (Debezium's \
+         insert-then-delete) or cleanup went past the delivery mark. The gap's events exist \
+         neither in the slot nor in the table and must be re-emitted by their writers; nothing \
+         past the gap was published",
+        ts = if created_at.is_some() && mark.is_some() {
+            ", none created at or before the delivery mark"
+        } else {
+            ""
+        }
+    )))
+}
+
+/// `s` as an SQL string literal.
+fn literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
