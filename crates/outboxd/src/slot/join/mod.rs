@@ -95,17 +95,16 @@ use crate::error::RelayError;
 use crate::relay::kafka::{Ack, Producer};
 use crate::relay::source;
 use crate::relay::stages::Stages;
-use crate::relay::table_reader::{self, Flow, NoHooks, TableReader};
 use crate::slot::publication;
 use crate::slot::state as slot_state;
 use owed::Owed;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::Client;
 
 mod owed;
 pub(crate) mod partitions;
+mod pay;
 mod trigger;
 
 pub use trigger::install;
@@ -360,6 +359,7 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
     let via_root = partitions::via_root(cfg, out.st.sql())
         .await?
         .unwrap_or(true);
+    let mut debts = Vec::new();
     for (oid, t) in &oids {
         let members: Vec<u32> = cfg
             .partitions
@@ -378,13 +378,13 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
                 tracing::warn!(table = %t.label(), "the table joined the publication after it held rows: republishing every row it holds (duplicates of rows the stream also delivers carry the same event_id)");
                 let mut rels = vec![*oid];
                 rels.extend(&members);
-                if !owed_rows(cfg, out, lsn, t, &rels, "TRUE").await? {
-                    return Ok(false);
-                }
-                // Its partitions were read whole with it.
-                let mut done = vec![*oid];
-                done.extend(&members);
-                slot_state::add_joined(out.st.sql(), &slot, &done).await?;
+                // Its partitions are read whole with it.
+                debts.push(pay::Debt {
+                    table: t.clone(),
+                    done: rels.clone(),
+                    rels,
+                    filter: "TRUE".into(),
+                });
                 continue;
             }
             tracing::info!(table = %t.label(), "a table joined the publication when it was created: streamed from its first row");
@@ -405,14 +405,18 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
                 let filter = format!("tableoid IN ({})", list.join(", "));
                 let mut rels = vec![*m];
                 rels.extend(&leaves);
-                if !owed_rows(cfg, out, lsn, t, &rels, &filter).await? {
-                    return Ok(false);
-                }
+                debts.push(pay::Debt {
+                    table: t.clone(),
+                    rels,
+                    filter,
+                    done: vec![*m],
+                });
+                continue;
             }
             slot_state::add_joined(out.st.sql(), &slot, &[*m]).await?;
         }
     }
-    Ok(true)
+    pay::pay(cfg, out, lsn, &debts).await
 }
 
 /// A table that joined cannot be read: retried (the GRANT can come while the relay waits).
@@ -426,124 +430,10 @@ fn unreadable(t: &OutboxTable, e: RelayError) -> RelayError {
     ))
 }
 
-/// The rows of `t` matching `filter` (those of relations `rels`, partitions included) are
-/// owed: once the writers that straddled the join ended and the statistics prove nothing is
-/// gone, every one is republished. `Ok(false)`: shutdown first.
-async fn owed_rows(
-    cfg: &Config,
-    out: &mut Out<'_>,
-    lsn: u64,
-    t: &OutboxTable,
-    rels: &[u32],
-    filter: &str,
-) -> Result<bool, RelayError> {
-    wait_for_writers(out.st.sql(), rels, t, out.shutdown).await?;
-    let (qualified, label) = (partitions::qualified(t), t.label());
-    let whole = owed::proven_whole(
-        cfg,
-        out.st.sql(),
-        &label,
-        &qualified,
-        rels,
-        filter,
-        out.shutdown,
-    );
-    if !whole.await? {
-        return Ok(false);
-    }
-    republish(cfg, t, out, lsn, filter).await
-}
-
 async fn oid_of(sql: &Client, t: &OutboxTable) -> Result<u32, RelayError> {
     let q = format!(
         "SELECT '{}'::regclass::oid",
         partitions::qualified(t).replace('\'', "''")
     );
     Ok(sql.query_one(&q, &[]).await?.get(0))
-}
-
-/// Waits until every transaction holding more than a read lock on one of `oids` now has ended.
-async fn wait_for_writers(
-    sql: &Client,
-    oids: &[u32],
-    t: &OutboxTable,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Result<(), RelayError> {
-    let writers: Vec<String> = sql
-        .query(
-            "SELECT DISTINCT virtualtransaction FROM pg_locks WHERE locktype = 'relation' \
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-               AND relation = ANY($1) AND mode <> 'AccessShareLock' \
-               AND pid IS DISTINCT FROM pg_backend_pid()",
-            &[&oids],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let started = Instant::now();
-    let mut said = Instant::now();
-    loop {
-        let left: i64 = sql
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' \
-                   AND relation = ANY($1) AND virtualtransaction = ANY($2)",
-                &[&oids, &writers],
-            )
-            .await?
-            .get(0);
-        if left == 0 {
-            return Ok(());
-        }
-        if said.elapsed() > Duration::from_secs(10) {
-            said = Instant::now();
-            tracing::warn!(table = %t.label(), waiting_s = started.elapsed().as_secs(), "waiting for transactions that wrote the joining table before it joined (pg_locks) to end");
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-            _ = shutdown.changed() => return Ok(()),
-        }
-    }
-}
-
-/// Every row of `t` matching `filter`, under one snapshot, through the stages (the recovery
-/// path).
-async fn republish(
-    cfg: &Config,
-    t: &OutboxTable,
-    out: &mut Out<'_>,
-    lsn: u64,
-    filter: &str,
-) -> Result<bool, RelayError> {
-    // The synthetic transactions' commit time: the delivery mark as it is (the stream may
-    // be behind the join, so nothing newer is proven delivered by this).
-    let mark = slot_state::load(out.st.sql(), &cfg.source.slot)
-        .await?
-        .and_then(|s| s.delivery_mark)
-        .unwrap_or_else(chrono::Utc::now);
-    let reader = source::sql_connect(cfg).await?;
-    TableReader::prepare_session(&reader).await?;
-    reader
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .await?;
-    let names = t.columns.resolve()?;
-    let (relation, _) = table_reader::relation_of(t, &reader).await?;
-    let order = crate::slot::recovery::version_order(&names, &reader, &relation).await?;
-    let mut r = TableReader::cursor(t, reader, filter, &order, lsn, mark, "join_produced").await?;
-    let flow = r
-        .publish(
-            cfg,
-            out.st,
-            out.producer,
-            out.acks,
-            out.shutdown,
-            &mut NoHooks,
-        )
-        .await?;
-    if flow == Flow::Shutdown {
-        return Ok(false);
-    }
-    r.client().batch_execute("COMMIT").await?;
-    tracing::warn!(table = %t.label(), events = r.sent(), "republished the rows the table held when it joined the publication: every one is acknowledged by the broker");
-    Ok(true)
 }

@@ -160,55 +160,67 @@ async fn rows_before_where(
     })
 }
 
-/// Before republishing what a late-joining `label` holds (the rows of `relids`, leaves
-/// included, read through `qualified` where `filter`): Err naming the reason and the fix when
+/// Before republishing what late-joining tables hold (each [`WholeCheck`], all read twice
+/// around one settle): Err naming the table, the reason and the fix when
 /// the statistics show rows deleted from it (an application that deletes its outbox rows,
 /// Debezium's pattern), or it holds none in a heap that has pages, since those cannot be
 /// republished and may never have been streamed; rolled-back inserts beside held rows are no
-/// debt. A clean count is trusted only once every
-/// backend flushed what it wrote before ([`STATS_SETTLE`]; `Ok(false)`: shutdown first).
-#[allow(clippy::too_many_arguments)]
+/// debt. A clean count is trusted only once every backend flushed what it wrote before ([`STATS_SETTLE`]; `Ok(false)`: shutdown first).
 pub(super) async fn proven_whole(
     cfg: &Config,
     sql: &Client,
-    label: &str,
-    qualified: &str,
-    relids: &[u32],
-    filter: &str,
+    checks: &[WholeCheck],
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<bool, RelayError> {
     for settled in [false, true] {
         if settled {
-            tracing::info!(table = %label, wait_s = STATS_SETTLE.as_secs(), "waiting for the statistics of writes before the join to be flushed (pg_stat_user_tables) before republishing");
+            let tables: Vec<&str> = checks.iter().map(|c| c.label.as_str()).collect();
+            tracing::info!(tables = %tables.join(", "), wait_s = STATS_SETTLE.as_secs(), "waiting for the statistics of writes before the join to be flushed (pg_stat_user_tables) before republishing");
             tokio::select! {
                 _ = tokio::time::sleep(STATS_SETTLE) => {}
                 _ = shutdown.changed() => return Ok(false),
             }
         }
-        // One statement: the count and the statistics of one moment.
-        let q = format!(
-            "SELECT COALESCE(sum(s.n_tup_ins), 0)::bigint, COALESCE(sum(s.n_tup_del), 0)::bigint, \
-                    (SELECT count(*) FROM {qualified} o WHERE {filter}), \
-                    (SELECT COALESCE(sum(pg_relation_size(r::regclass)), 0)::bigint \
-                     FROM unnest($1::oid[]) r) \
-             FROM pg_stat_user_tables s WHERE s.relid = ANY($1::oid[])"
-        );
-        let r = sql.query_one(&q, &[&relids]).await?;
-        let seen = Seen {
-            ins: r.get(0),
-            del: r.get(1),
-            held: r.get(2),
-            heap: r.get(3),
-        };
-        // Fewer rows than inserts alone is what a rolled-back insert leaves (issue 56: one
-        // rolled-back row in a late tenant stopped every tenant): no debt, since deletes are
-        // counted too. An empty heap with pages stays suspect: on Postgres 14 an idle
-        // insert-then-delete writer may never flush its counts (module docs).
-        if seen.del > 0 || (seen.held == 0 && seen.heap > 0) {
-            return Err(RelayError::Setup(unprovable(cfg, label, &seen)));
+        for c in checks {
+            let seen = read_seen(sql, c).await?;
+            // Fewer rows than inserts alone is what a rolled-back insert leaves (issue 56: one
+            // rolled-back row in a late tenant stopped every tenant): no debt, since deletes
+            // are counted too. An empty heap with pages stays suspect: on Postgres 14 an idle
+            // insert-then-delete writer may never flush its counts (module docs).
+            if seen.del > 0 || (seen.held == 0 && seen.heap > 0) {
+                return Err(RelayError::Setup(unprovable(cfg, &c.label, &seen)));
+            }
         }
     }
     Ok(true)
+}
+
+/// One late-joining table's (or partition's) rows for [`proven_whole`]: the rows of `relids`
+/// (leaves included), read through `qualified` (quoted) where `filter`.
+pub(super) struct WholeCheck {
+    pub label: String,
+    pub qualified: String,
+    pub relids: Vec<u32>,
+    pub filter: String,
+}
+
+/// The count and the statistics of one moment (one statement).
+async fn read_seen(sql: &Client, c: &WholeCheck) -> Result<Seen, RelayError> {
+    let q = format!(
+        "SELECT COALESCE(sum(s.n_tup_ins), 0)::bigint, COALESCE(sum(s.n_tup_del), 0)::bigint, \
+                (SELECT count(*) FROM {} o WHERE {}), \
+                (SELECT COALESCE(sum(pg_relation_size(r::regclass)), 0)::bigint \
+                 FROM unnest($1::oid[]) r) \
+         FROM pg_stat_user_tables s WHERE s.relid = ANY($1::oid[])",
+        c.qualified, c.filter
+    );
+    let r = sql.query_one(&q, &[&c.relids]).await?;
+    Ok(Seen {
+        ins: r.get(0),
+        del: r.get(1),
+        held: r.get(2),
+        heap: r.get(3),
+    })
 }
 
 /// What [`proven_whole`] read: inserts and deletes counted, rows held, heap bytes.
