@@ -251,11 +251,14 @@ fn unprovable(cfg: &Config, label: &str, seen: &Seen) -> String {
          events may be lost. The relay stops rather than record the table as joined. Fix: \
          tables whose application deletes its outbox rows must join in the transaction that \
          creates them — run `outboxd init --config FILE` as a superuser (the event trigger \
-         outboxd_join_{publication}) before creating such tenants. For this table: republish \
-         what was lost from the application if anything was, then record it as joined \
-         (UPDATE {state} SET joined_tables = array_append(joined_tables, \
-         '{label}'::regclass::oid) WHERE slot_name = '{slot}') — or take it out of the \
-         publication — and start the relay again",
+         outboxd_join_{publication}) before creating such tenants. For this table: re-emit \
+         what was lost from the application if anything was; record it as joined (UPDATE \
+         {state} SET joined_tables = array_append(joined_tables, '{label}'::regclass::oid) \
+         WHERE slot_name = '{slot}') and start the relay again; then republish the {held} \
+         row(s) it still holds, which recording it does not do: outboxd replay --config FILE \
+         --table {label} --since <its oldest row's created_at> --until <now> --reason \
+         \"held when {label} joined late\" --execute (or the event ids instead of the range). \
+         Or take it out of the publication",
         publication = cfg.source.publication,
         slot = cfg.source.slot.replace('\'', "''"),
     )
