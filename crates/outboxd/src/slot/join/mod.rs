@@ -172,6 +172,47 @@ pub async fn discover(cfg: &Config, sql: &Client) -> Result<Vec<Found>, RelayErr
     Ok(found.into_values().collect())
 }
 
+/// A table of the session that is no longer the relation this slot relayed, by identity
+/// (issue 56): its name resolves to an oid the slot's state never recorded (dropped and created
+/// again under its name), or to nothing (dropped). Either ends the session as a change of
+/// tables, not of the publication: the old relation's rows are still in the slot (decoded
+/// under their name by the next session) and must not become a "gap" read from the new, empty
+/// table — which used to drop the slot holding them. The next session catches the new
+/// relation up like any table that joins. `None` without a recorded joined set.
+async fn replaced(cfg: &Config, sql: &Client) -> Result<Option<String>, RelayError> {
+    let Ok(Some(joined)) = slot_state::joined(sql, &cfg.source.slot).await else {
+        return Ok(None);
+    };
+    for t in cfg.tables() {
+        let name = partitions::qualified(&t);
+        let oid: Option<u32> = sql
+            .query_one("SELECT to_regclass($1)::oid", &[&name])
+            .await?
+            .get(0);
+        match oid {
+            None if t.discovered.is_none() => {
+                return Ok(Some(format!(
+                    "listed outbox table {} no longer exists (dropped): the rows of it the slot \
+                     still holds stay there, unconfirmed; create it again (outboxd init) and \
+                     the relay streams them",
+                    t.label()
+                )))
+            }
+            Some(o) if !joined.contains(&o) => {
+                return Ok(Some(format!(
+                    "outbox table {} is another relation (oid {o}) than the one this slot \
+                     relayed (dropped and created again under its name?): the old one's rows \
+                     in the slot are streamed and the new one is caught up as a table that \
+                     joins",
+                    t.label()
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
 /// The configuration a session reads: the listed tables and every table a pattern matches that
 /// is in the publication (added now when this role may). A configuration without patterns is
 /// returned as it is.
@@ -253,6 +294,9 @@ pub async fn changed(
     refused: &mut Vec<String>,
 ) -> Result<Option<String>, RelayError> {
     if let Some(what) = partitions::attached(cfg, sql).await? {
+        return Ok(Some(what));
+    }
+    if let Some(what) = replaced(cfg, sql).await? {
         return Ok(Some(what));
     }
     if !cfg.has_patterns() {
