@@ -168,6 +168,24 @@ fn bytes_differ(r: &Release, row_text: Option<&str>) -> bool {
     }
 }
 
+/// The copy and the row hold the same JSON value, written differently: `ALTER … payload TYPE
+/// jsonb` (from `json` or `text`) rewrites every row in jsonb's normal form (key order,
+/// spacing, duplicate keys), so the text the copy was taken from no longer exists (issue 56:
+/// every held event became "tampered" and stayed parked). Values, not bytes: nothing the
+/// application did not write can pass, since the row is what the application wrote.
+fn same_json(copy: Option<&[u8]>, row: Option<&str>) -> bool {
+    let (Some(copy), Some(row)) = (copy, row) else {
+        return false;
+    };
+    match (
+        serde_json::from_slice::<serde_json::Value>(copy),
+        serde_json::from_str::<serde_json::Value>(row),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
 /// `payload_checked`: the payload was compared already (a bytea one, as its bytes).
 fn compare(
     names: &ColumnNames,
@@ -201,6 +219,7 @@ fn compare(
     if !r.corrected
         && !payload_checked
         && rec.payload.as_deref() != cols[5].as_deref().map(str::as_bytes)
+        && !same_json(rec.payload.as_deref(), cols[5].as_deref())
     {
         return Found::Differs("payload");
     }
@@ -333,6 +352,27 @@ mod tests {
                 Found::Differs(field)
             );
         }
+    }
+
+    #[test]
+    fn a_payload_rewritten_by_a_type_change_to_jsonb_still_matches() {
+        let names = Columns::default().resolve().unwrap();
+        let mut rel = release(false, false);
+        rel.record.payload = Some(br#"{"b":[1, 2],"amount":1,"amount":2}"#.to_vec());
+        let mut r = row();
+        // What jsonb makes of it: keys sorted, spacing normal, the last duplicate kept.
+        r[5] = Some(r#"{"b": [1, 2], "amount": 2}"#.into());
+        assert_eq!(compare(&names, None, &rel, &r, false), Found::Vouched);
+        r[5] = Some(r#"{"b": [1, 2], "amount": 3}"#.into());
+        assert_eq!(
+            compare(&names, None, &rel, &r, false),
+            Found::Differs("payload")
+        );
+        r[5] = Some("not json".into());
+        assert_eq!(
+            compare(&names, None, &rel, &r, false),
+            Found::Differs("payload")
+        );
     }
 
     #[test]
