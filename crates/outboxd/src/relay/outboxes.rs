@@ -81,6 +81,19 @@ pub struct Outboxes {
     others: HashSet<u32>,
     /// Partition oid → its root's index in `tables`.
     partitions: HashMap<u32, usize>,
+    /// Partitions that left with their root (a pattern's tenant dropped) while rows they
+    /// committed wait in the slot: partition oid → the root's label ([`Outboxes::adopt_orphan`]).
+    orphans: HashMap<u32, String>,
+}
+
+/// What [`Outboxes::adopt_orphan`] did with a Relation message.
+pub enum Orphan {
+    /// Not a partition of a root that left.
+    NotOne,
+    /// Mapped to its root, already one of the session's tables.
+    Mapped,
+    /// Its root was adopted through the pattern that matched it: a new table of the session.
+    Adopted(Box<OutboxTable>),
 }
 
 impl Outboxes {
@@ -110,8 +123,15 @@ impl Outboxes {
                 Some((*oid, i))
             })
             .collect();
+        let orphans = cfg
+            .left_partitions
+            .iter()
+            .filter(|(_, root)| !tables.iter().any(|t| &*t.label == root))
+            .cloned()
+            .collect();
         Ok(Self {
             partitions,
+            orphans,
             tables,
             patterns: cfg.patterns(),
             cfg: cfg.has_patterns().then(|| Box::new(cfg.clone())),
@@ -198,6 +218,49 @@ impl Outboxes {
         });
         self.on_relation(rel)?;
         Ok(Some(t))
+    }
+
+    /// A partition whose root left the relayed set while rows it committed as a partition wait
+    /// in the slot (through a publication without `publish_via_partition_root`, a pattern's
+    /// partitioned tenant dropped): its rows are read as the root's, through the pattern that
+    /// matched the root (issue 56: they were confirmed past as another table's).
+    pub fn adopt_orphan(&mut self, rel: &Relation) -> Result<Orphan, RelayError> {
+        let Some(root) = self.orphans.get(&rel.id).cloned() else {
+            return Ok(Orphan::NotOne);
+        };
+        if let Some(i) = self.tables.iter().position(|t| *t.label == *root) {
+            self.partitions.insert(rel.id, i);
+            self.on_relation(rel)?;
+            return Ok(Orphan::Mapped);
+        }
+        let Some((schema, name)) = root.split_once('.') else {
+            return Ok(Orphan::NotOne);
+        };
+        let (Some(entry), Some(cfg)) = (
+            self.patterns
+                .iter()
+                .find(|(_, p)| p.matches(schema, name))
+                .map(|(e, _)| *e),
+            self.cfg.as_ref(),
+        ) else {
+            return Ok(Orphan::NotOne);
+        };
+        let found = [(schema.to_string(), name.to_string(), entry)];
+        let Some(t) = cfg.with_discovered(&found).tables().pop() else {
+            return Ok(Orphan::NotOne);
+        };
+        self.tables.push(Outbox {
+            schema: t.schema.clone(),
+            name: t.name.clone(),
+            names: t.columns.resolve()?,
+            topic: TopicTemplate::parse(&t.topic)?,
+            label: Arc::from(t.label()),
+            tagged: self.tagged,
+            validates: t.validation.schema_dir.is_some(),
+        });
+        self.partitions.insert(rel.id, self.tables.len() - 1);
+        self.on_relation(rel)?;
+        Ok(Orphan::Adopted(Box::new(t)))
     }
 
     pub fn lookup(&self, rel: u32) -> Lookup<'_> {

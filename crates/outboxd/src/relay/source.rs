@@ -337,6 +337,26 @@ pub async fn sql_bounded<T>(
         })
 }
 
+/// Is `rel` (by name) in `publication` now? A table that joined is; one dropped or removed
+/// since is not ([`crate::relay::outboxes::Outboxes::adopt`]).
+pub async fn in_publication(
+    sql: &tokio_postgres::Client,
+    publication: &str,
+    rel: &crate::relay::pgoutput::Relation,
+) -> Result<bool, RelayError> {
+    let q = async {
+        let row = sql
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 \
+                     AND schemaname = $2 AND tablename = $3)",
+                &[&publication, &rel.namespace.as_str(), &rel.name.as_str()],
+            )
+            .await?;
+        Ok(row.get(0))
+    };
+    sql_bounded(q).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

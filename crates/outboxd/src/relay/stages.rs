@@ -15,12 +15,12 @@ use crate::poison::store::ParkedRecord;
 use crate::relay::in_flight::InFlight;
 use crate::relay::kafka::{Ack, Origin, Producer, Verdict};
 use crate::relay::lsn::PG_EPOCH_US;
-use crate::relay::outboxes::{Lookup, Outboxes};
+use crate::relay::outboxes::{Lookup, Orphan, Outboxes};
 use crate::relay::park::PoisonHandler;
 use crate::relay::pgoutput::{self, Message, Value};
 use crate::relay::route::Event;
 use crate::relay::slot_host::{ReplayFence, SlotHost};
-use crate::relay::source::sql_bounded;
+use crate::relay::source::{in_publication, sql_bounded};
 use pgwire_replication::ReplicationEvent;
 use std::sync::Arc;
 use tokio_postgres::Client;
@@ -309,14 +309,20 @@ impl Stages {
 
     async fn on_data(&mut self, data: &[u8], producer: &Producer) -> Result<(), RelayError> {
         match pgoutput::decode(data)? {
-            Message::Relation(rel) => match self.outboxes.on_relation(&rel) {
-                Err(RelayError::TablesChanged(t)) if !self.published(&rel).await? => {
-                    tracing::warn!(table = %t, "relaying what the stream holds of a table the pattern matches that is no longer in the publication (dropped, or removed from it)");
-                    if let Some(t) = self.outboxes.adopt(&rel)? {
-                        self.poison.add_table(&t)?;
+            Message::Relation(rel) => match self.outboxes.adopt_orphan(&rel)? {
+                Orphan::Adopted(t) => self.poison.add_table(&t)?,
+                Orphan::Mapped => {}
+                Orphan::NotOne => match self.outboxes.on_relation(&rel) {
+                    Err(RelayError::TablesChanged(t))
+                        if !in_publication(&self.sql, &self.publication, &rel).await? =>
+                    {
+                        tracing::warn!(table = %t, "relaying what the stream holds of a table the pattern matches that is no longer in the publication (dropped, or removed from it)");
+                        if let Some(t) = self.outboxes.adopt(&rel)? {
+                            self.poison.add_table(&t)?;
+                        }
                     }
-                }
-                r => r?,
+                    r => r?,
+                },
             },
             Message::Insert { rel, tuple } => match self.outboxes.lookup(rel) {
                 Lookup::Outbox(..) => self.on_outbox_row(rel, tuple, producer).await?,
@@ -447,23 +453,6 @@ impl Stages {
         producer.send(topic, &event, seq).await;
         fail::hit("produced");
         Ok(())
-    }
-
-    /// Is `rel` (by name) in the publication now? A table that joined is; one dropped or
-    /// removed since is not ([`Outboxes::adopt`]).
-    async fn published(&self, rel: &pgoutput::Relation) -> Result<bool, RelayError> {
-        let q = async {
-            let row = self
-                .sql
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM pg_publication_tables WHERE pubname = $1 \
-                         AND schemaname = $2 AND tablename = $3)",
-                    &[&self.publication, &rel.namespace, &rel.name],
-                )
-                .await?;
-            Ok(row.get(0))
-        };
-        sql_bounded(q).await
     }
 
     fn ignore(&mut self) {
