@@ -220,6 +220,11 @@ impl AckTracker {
         self.base_seq
     }
 
+    /// The sequence number the next event will get.
+    pub fn next_seq(&self) -> Seq {
+        self.next_seq
+    }
+
     /// Sequence number of the first failed event, if any.
     #[cfg(test)]
     pub fn first_failure(&self) -> Option<Seq> {

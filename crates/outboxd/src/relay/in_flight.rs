@@ -147,6 +147,16 @@ impl InFlight {
         self.tracker.confirmed()
     }
 
+    /// Every event before `end` (a sequence number) is acknowledged.
+    pub fn acked_before(&self, end: Seq) -> bool {
+        self.tracker.oldest_unacked() >= end
+    }
+
+    /// The sequence number the next event will get.
+    pub fn next_seq(&self) -> Seq {
+        self.tracker.next_seq()
+    }
+
     /// Events waiting for the broker.
     pub fn events(&self) -> usize {
         self.tracker.in_flight()

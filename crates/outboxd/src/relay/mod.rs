@@ -6,6 +6,7 @@ pub(crate) mod ack_wait;
 pub(crate) mod address;
 pub(crate) mod blockers;
 pub(crate) mod gulp;
+pub(crate) mod held;
 pub(crate) mod in_flight;
 pub(crate) mod kafka;
 pub(crate) mod lsn;

@@ -12,6 +12,8 @@ use crate::model::publication;
 use crate::obs::watch::{View, Watch};
 use crate::obs::Observed;
 use crate::poison::store::ParkedRecord;
+use crate::relay::ack::Seq;
+use crate::relay::held::Held;
 use crate::relay::in_flight::InFlight;
 use crate::relay::kafka::{Ack, Origin, Producer, Verdict};
 use crate::relay::lsn::PG_EPOCH_US;
@@ -51,6 +53,8 @@ pub struct Stages {
     /// Shadow mode: records of compared types go to the comparator, not (or not only) out.
     shadow: Option<crate::relay::tap::Tap>,
     shadow_topic: String,
+    /// Events of tables catching up, kept in stream order ([`crate::relay::held`]).
+    held: Held,
 }
 
 impl Stages {
@@ -112,10 +116,10 @@ impl Stages {
             observed,
             shadow,
             shadow_topic: String::new(),
+            held: Held::default(),
         })
     }
 
-    /// The events not yet acknowledged, and what may be confirmed.
     /// This relay's health, error counts and trace pipeline.
     pub fn observed(&self) -> &Arc<Observed> {
         &self.observed
@@ -123,6 +127,22 @@ impl Stages {
 
     pub fn in_flight(&self) -> &InFlight {
         &self.in_flight
+    }
+
+    /// Holds `label`'s streamed events until [`Stages::release`] ([`Held`]).
+    pub fn hold(&mut self, label: &str) -> bool {
+        self.held.hold_label(&self.outboxes.labels(), label)
+    }
+
+    /// Stops holding `label` and hands over what was held of it, to be sent under their
+    /// positions (`Producer::send_held`) after its republished rows.
+    pub fn release(&mut self, label: &str) -> Vec<(Seq, ParkedRecord)> {
+        self.held.release_label(&self.outboxes.labels(), label)
+    }
+
+    /// Events held ([`Held`]).
+    pub fn held(&self) -> usize {
+        self.held.len()
     }
 
     /// The position to confirm to the slot: what the broker acknowledged, held back before an
@@ -188,17 +208,8 @@ impl Stages {
     pub async fn repair_tick(&mut self, producer: &Producer) -> Result<(), RelayError> {
         let stats = self.poison.repair_tick(&self.sql, producer).await?;
         self.watch.parked_gauges(&stats, &self.observed.labels);
-        if self.observed.status.parked_due() {
-            let count = stats.iter().map(|s| s.2).sum();
-            let shown = Some(crate::obs::status::PARKED_SHOWN as i64);
-            let rows =
-                crate::poison::store::operator::list_at_most(&self.sql, &self.slot, false, shown)
-                    .await?;
-            self.observed
-                .status
-                .parked(count, crate::relay::status_feed::parked(rows));
-        }
-        Ok(())
+        let count = stats.iter().map(|s| s.2).sum();
+        crate::relay::status_feed::refresh(&self.sql, &self.slot, &self.observed, count).await
     }
 
     pub async fn on_ack(&mut self, ack: Ack, producer: &Producer) -> Result<(), RelayError> {
@@ -449,6 +460,10 @@ impl Stages {
             event.size(),
             &self.observed.labels,
         )?;
+        if self.held.holds(table) {
+            self.held.push(table, seq, event.parked_record(Some(topic)));
+            return Ok(());
+        }
         // A synchronous refusal arrives as an Ack before the session reads the next event.
         producer.send(topic, &event, seq).await;
         fail::hit("produced");

@@ -5,6 +5,22 @@
 use crate::obs::status::facts::{age_of, parked_fix, ParkedEvent};
 use crate::poison::store::operator::Listed;
 
+/// When the status page is due new facts: the open parked events (at most what it shows) and
+/// their `count`.
+pub async fn refresh(
+    sql: &tokio_postgres::Client,
+    slot: &str,
+    observed: &crate::obs::Observed,
+    count: i64,
+) -> Result<(), crate::error::RelayError> {
+    if observed.status.parked_due() {
+        let shown = Some(crate::obs::status::PARKED_SHOWN as i64);
+        let rows = crate::poison::store::operator::list_at_most(sql, slot, false, shown).await?;
+        observed.status.parked(count, parked(rows));
+    }
+    Ok(())
+}
+
 /// The page's view of open parked and held events (oldest first, as listed).
 pub fn parked(rows: Vec<Listed>) -> Vec<ParkedEvent> {
     rows.into_iter()

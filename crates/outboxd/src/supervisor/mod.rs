@@ -3,6 +3,7 @@
 //! backoff; definite errors stop the relay; a standby polls at a steady pace. One session's loop is
 //! [`session`]: it sits above the relay's stages and the slot's recovery, which it drives.
 
+pub(crate) mod joining;
 pub(crate) mod session;
 
 use crate::config::Config;

@@ -16,9 +16,11 @@ use crate::relay::source::{self, sql_bounded};
 use crate::relay::stages::Stages;
 use crate::slot::fence::Holder;
 use crate::slot::guard::{self as slot_guard, Decision};
+use crate::slot::join::Out;
 use crate::slot::publication;
 use crate::slot::recovery;
 use crate::slot::state::{self as slot_state, Identity, XidProbe};
+use crate::supervisor::joining::Joining;
 use opentelemetry::KeyValue;
 use pgwire_replication::Lsn;
 use std::sync::atomic::Ordering::Relaxed;
@@ -185,12 +187,12 @@ pub async fn run_session_as(
     .await?;
     let (producer, mut acks) =
         Producer::for_session(cfg, observed.clone(), &identity.system_id, st.sql()).await?;
+    // Tables that joined owing rows: paid while the session streams (supervisor::joining).
+    let mut debts = Vec::new();
     let mut repl = match recovery {
         None => {
-            if mode == Mode::Stream
-                && !join_up(cfg, &mut st, &producer, &mut acks, shutdown, start).await?
-            {
-                return Ok(SessionEnd::Shutdown);
+            if mode == Mode::Stream {
+                debts = crate::slot::join::catch_up(cfg, st.sql()).await?;
             }
             source::start_stream(cfg, start, status_interval).await?
         }
@@ -200,11 +202,10 @@ pub async fn run_session_as(
             else {
                 return Ok(SessionEnd::Shutdown);
             };
-            if mode != Mode::Stream
-                || !join_up(cfg, &mut st, &producer, &mut acks, shutdown, start).await?
-            {
+            if mode != Mode::Stream {
                 return Ok(SessionEnd::Shutdown);
             }
+            debts = crate::slot::join::catch_up(cfg, st.sql()).await?;
             match gated {
                 Some(mut g) => {
                     g.update_applied_lsn(Lsn(start));
@@ -255,6 +256,9 @@ pub async fn run_session_as(
     // Tables a pattern matches that this role could not add to the publication (said once).
     let mut refused = Vec::new();
     let pace = crate::relay::gulp::Pace::of(&cfg.relay);
+    let mut joining = Joining::start(cfg, &mut st, debts, shutdown);
+    // The relations this session streams, by oid: a name that comes to mean another one ends it.
+    let identities = sql_bounded(crate::slot::join::identities(cfg, st.sql())).await?;
     let mut stream = Gulp::new(&mut repl, pace, producer.outstanding());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -275,6 +279,14 @@ pub async fn run_session_as(
                 biased;
                 _ = shutdown.changed() => return Ok(()),
                 e = holder.lost() => return Err(e),
+                // Joining tables proven whole: their rows, then what was held of them.
+                r = joining.settled(), if joining.settling() && !st.in_flight().in_transaction() => {
+                    let lsn = st.confirmable();
+                    let mut out = Out { st: &mut st, producer: &producer, acks: &mut acks, shutdown };
+                    if r? && !joining.pay(cfg, &mut out, lsn).await? {
+                        return Ok(());
+                    }
+                }
                 // Caught up with the stream, acks wait for the thread to be awake
                 // (crate::relay::ack_wait) and are taken below; reading paused, each frees
                 // the window.
@@ -301,14 +313,14 @@ pub async fn run_session_as(
                     if Instant::now() >= next_state {
                         next_state = Instant::now() + state_every;
                         // A pattern's table dropped is no publication change: first.
-                        let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused);
+                        let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused, &identities);
                         if let Some(what) = sql_bounded(changed).await? {
                             return Err(RelayError::TablesChanged(what));
                         }
                         // Before a probe may be adopted: never past a change of the publication.
                         if !sql_bounded(publication::covered(cfg, st.sql())).await? {
                             // Nor one dropped between the two checks.
-                            let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused);
+                            let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused, &identities);
                             if let Some(what) = sql_bounded(changed).await? {
                                 return Err(RelayError::TablesChanged(what));
                             }
@@ -318,6 +330,7 @@ pub async fn run_session_as(
                             ));
                         }
                         saved = save_state(cfg, &st, &identity, holder.walsender(), saved).await?;
+                        sql_bounded(joining.record_acked(cfg, &st)).await?;
                         if saved.probe.is_none() {
                             saved.probe = Some(sql_bounded(XidProbe::take(st.sql())).await?);
                         }
@@ -365,6 +378,10 @@ pub async fn run_session_as(
                 if st.on_ack(ack, &producer).await.is_err() {
                     break 'drain;
                 }
+            }
+            // Held events of a table still catching up never land in this session.
+            if st.held() > 0 && producer.outstanding().all_reported() && acks.is_empty() {
+                break;
             }
         }
     }
@@ -503,23 +520,4 @@ async fn publication_owed(cfg: &Config, sql: &tokio_postgres::Client) -> bool {
         Ok(Some(st)) if st.recovering_xid.is_some()
             && st.recovery_reason.as_deref().is_some_and(|r| r.starts_with(publication::REASON))
     )
-}
-
-/// Tables that joined the publication since the last session: their earlier rows go out
-/// before the stream (crate::slot::join). `false`: shutdown came first.
-async fn join_up(
-    cfg: &Config,
-    st: &mut Stages,
-    producer: &crate::relay::kafka::Producer,
-    acks: &mut tokio::sync::mpsc::UnboundedReceiver<crate::relay::kafka::Ack>,
-    shutdown: &mut watch::Receiver<bool>,
-    start: u64,
-) -> Result<bool, RelayError> {
-    let mut out = crate::slot::join::Out {
-        st,
-        producer,
-        acks,
-        shutdown,
-    };
-    crate::slot::join::catch_up(cfg, &mut out, start).await
 }

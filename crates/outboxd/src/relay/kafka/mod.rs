@@ -347,6 +347,16 @@ impl Producer {
     /// Enqueues a parked record (parking row `id`) exactly as it was captured; refusals as in
     /// [`Producer::send`].
     pub async fn send_parked(&self, r: &ParkedRecord, id: i64) {
+        self.send_captured(r, Origin::Release(id)).await
+    }
+
+    /// Enqueues a streamed event that was held (captured) while its table caught up, under its
+    /// stream position `seq` ([`crate::relay::held`]).
+    pub async fn send_held(&self, r: &ParkedRecord, seq: Seq) {
+        self.send_captured(r, Origin::Stream(seq)).await
+    }
+
+    async fn send_captured(&self, r: &ParkedRecord, origin: Origin) {
         let span = trace::start_release(self.inner.context(), r);
         let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
         for (k, v) in &r.headers {
@@ -356,7 +366,6 @@ impl Producer {
             });
         }
         let headers = trace::add_missing(&span, headers);
-        let origin = Origin::Release(id);
         trace::hold(self.inner.context(), origin.to_opaque(), &r.event_id, span);
         let mut record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(
             r.topic.as_deref().unwrap_or(""),

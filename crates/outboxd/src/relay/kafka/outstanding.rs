@@ -67,7 +67,7 @@ impl Outstanding {
     }
 
     /// Is every record handed over so far reported on?
-    pub(super) fn all_reported(&self) -> bool {
+    pub fn all_reported(&self) -> bool {
         let c = &self.0;
         c.reported.load(SeqCst) >= c.handed.load(SeqCst)
     }

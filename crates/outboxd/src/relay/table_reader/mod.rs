@@ -198,9 +198,33 @@ impl TableReader {
         shutdown: &mut watch::Receiver<bool>,
         hooks: &mut impl Hooks,
     ) -> Result<Flow, RelayError> {
+        if self.feed(cfg, st, producer, acks, shutdown, hooks).await? == Flow::Shutdown {
+            return Ok(Flow::Shutdown);
+        }
+        if self.settle(st, producer, acks, shutdown, hooks).await? {
+            Ok(Flow::Done)
+        } else {
+            Ok(Flow::Shutdown)
+        }
+    }
+
+    /// [`TableReader::publish`] without waiting for the acknowledgements: every row is handed
+    /// to the stages (so the producer has them in order), some may still be in flight. For a
+    /// session that streams on meanwhile ([`crate::relay::held`]): events it holds count in
+    /// the in-flight window but cannot be acknowledged before this returns, so they do not
+    /// count against the bound here.
+    pub async fn feed(
+        &mut self,
+        cfg: &Config,
+        st: &mut Stages,
+        producer: &Producer,
+        acks: &mut mpsc::UnboundedReceiver<Ack>,
+        shutdown: &mut watch::Receiver<bool>,
+        hooks: &mut impl Hooks,
+    ) -> Result<Flow, RelayError> {
         st.on_event(self.xlog(encode::relation(&self.src.relation)), producer)
             .await?;
-        let max_events = cfg.relay.max_in_flight_events;
+        let max_events = cfg.relay.max_in_flight_events + st.held();
         loop {
             while st.in_flight().events() >= max_events {
                 tokio::select! {
@@ -260,11 +284,7 @@ impl TableReader {
             }
             self.report(st, hooks).await?;
         }
-        if self.settle(st, producer, acks, shutdown, hooks).await? {
-            Ok(Flow::Done)
-        } else {
-            Ok(Flow::Shutdown)
-        }
+        Ok(Flow::Done)
     }
 
     /// Waits until everything handed to the stages is acknowledged; `false` when shutdown was

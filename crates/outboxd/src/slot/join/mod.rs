@@ -105,6 +105,8 @@ use tokio_postgres::Client;
 mod owed;
 pub(crate) mod partitions;
 mod pay;
+
+pub use pay::{feed, record, settle, Debt};
 mod trigger;
 
 pub use trigger::install;
@@ -172,43 +174,52 @@ pub async fn discover(cfg: &Config, sql: &Client) -> Result<Vec<Found>, RelayErr
     Ok(found.into_values().collect())
 }
 
-/// A table of the session that is no longer the relation this slot relayed, by identity
-/// (issue 56): its name resolves to an oid the slot's state never recorded (dropped and created
-/// again under its name), or to nothing (dropped). Either ends the session as a change of
-/// tables, not of the publication: the old relation's rows are still in the slot (decoded
-/// under their name by the next session) and must not become a "gap" read from the new, empty
-/// table — which used to drop the slot holding them. The next session catches the new
-/// relation up like any table that joins. `None` without a recorded joined set.
-async fn replaced(cfg: &Config, sql: &Client) -> Result<Option<String>, RelayError> {
-    let Ok(Some(joined)) = slot_state::joined(sql, &cfg.source.slot).await else {
-        return Ok(None);
-    };
+/// The oid each of the session's tables has now (`None`: it does not exist): the identity the
+/// session streams them under, for [`changed`].
+pub async fn identities(cfg: &Config, sql: &Client) -> Result<Vec<Option<u32>>, RelayError> {
+    let mut out = Vec::new();
     for t in cfg.tables() {
         let name = partitions::qualified(&t);
-        let oid: Option<u32> = sql
-            .query_one("SELECT to_regclass($1)::oid", &[&name])
-            .await?
-            .get(0);
-        match oid {
-            None if t.discovered.is_none() => {
-                return Ok(Some(format!(
-                    "listed outbox table {} no longer exists (dropped): the rows of it the slot \
-                     still holds stay there, unconfirmed; create it again (outboxd init) and \
-                     the relay streams them",
-                    t.label()
-                )))
-            }
-            Some(o) if !joined.contains(&o) => {
-                return Ok(Some(format!(
-                    "outbox table {} is another relation (oid {o}) than the one this slot \
-                     relayed (dropped and created again under its name?): the old one's rows \
-                     in the slot are streamed and the new one is caught up as a table that \
-                     joins",
-                    t.label()
-                )))
-            }
-            _ => {}
+        out.push(
+            sql.query_one("SELECT to_regclass($1)::oid", &[&name])
+                .await?
+                .get(0),
+        );
+    }
+    Ok(out)
+}
+
+/// A table of the session that is no longer the relation the session started with, by
+/// identity (issue 56): its name resolves to another oid (dropped and created again under its
+/// name), or to nothing (dropped). Either ends the session as a change of tables, not of the
+/// publication: the old relation's rows are still in the slot (decoded under their name by the
+/// next session) and must not become a "gap" read from the new, empty table — which used to
+/// drop the slot holding them. The next session catches the new relation up like any table
+/// that joins. `at_start`: [`identities`] when the session started.
+async fn replaced(
+    cfg: &Config,
+    sql: &Client,
+    at_start: &[Option<u32>],
+) -> Result<Option<String>, RelayError> {
+    let now = identities(cfg, sql).await?;
+    for ((t, then), now) in cfg.tables().iter().zip(at_start).zip(now) {
+        if *then == now {
+            continue;
         }
+        return Ok(Some(match now {
+            None => format!(
+                "outbox table {} no longer exists (dropped): the rows of it the slot still \
+                 holds stay there, unconfirmed; create it again (outboxd init) and the relay \
+                 streams them",
+                t.label()
+            ),
+            Some(o) => format!(
+                "outbox table {} is another relation (oid {o}) than the one this session \
+                 streamed (dropped and created again under its name?): the old one's rows in \
+                 the slot are streamed and the new one is caught up as a table that joins",
+                t.label()
+            ),
+        }));
     }
     Ok(None)
 }
@@ -292,11 +303,12 @@ pub async fn changed(
     cfg: &Config,
     sql: &Client,
     refused: &mut Vec<String>,
+    at_start: &[Option<u32>],
 ) -> Result<Option<String>, RelayError> {
     if let Some(what) = partitions::attached(cfg, sql).await? {
         return Ok(Some(what));
     }
-    if let Some(what) = replaced(cfg, sql).await? {
+    if let Some(what) = replaced(cfg, sql, at_start).await? {
         return Ok(Some(what));
     }
     if !cfg.has_patterns() {
@@ -370,18 +382,20 @@ pub struct Out<'a> {
     pub shutdown: &'a mut watch::Receiver<bool>,
 }
 
-/// Steps of the module docs, before the session streams. `Ok(false)`: shutdown was requested
-/// first (what was republished stays owed: the table is not recorded).
-pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool, RelayError> {
+/// Steps of the module docs, before the session streams: records the tables owed nothing and
+/// returns what the others are owed. The session streams on and pays them ([`settle`] off its
+/// path, then [`feed`] and [`record`]), holding their streamed events meanwhile
+/// ([`crate::relay::held`]).
+pub async fn catch_up(cfg: &Config, sql: &Client) -> Result<Vec<Debt>, RelayError> {
     let slot = cfg.source.slot.clone();
     // A first session's state row exists only now: its partitions are recorded here.
-    partitions::remember(cfg, out.st.sql()).await?;
-    let joined = match slot_state::joined(out.st.sql(), &slot).await {
+    partitions::remember(cfg, sql).await?;
+    let joined = match slot_state::joined(sql, &slot).await {
         Ok(j) => j,
         // A state table this role could not upgrade: without patterns, today's behaviour.
         Err(e) if !cfg.has_patterns() => {
             tracing::debug!(error = %e, "no joined_tables column: late joins not tracked");
-            return Ok(true);
+            return Ok(Vec::new());
         }
         Err(e) => {
             return Err(RelayError::Setup(format!(
@@ -392,17 +406,15 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
     };
     let mut oids = Vec::new();
     for t in cfg.tables() {
-        oids.push((oid_of(out.st.sql(), &t).await?, t));
+        oids.push((oid_of(sql, &t).await?, t));
     }
     let Some(joined) = joined else {
         let mut all: Vec<u32> = oids.iter().map(|(o, _)| *o).collect();
         all.extend(cfg.partitions.iter().map(|(o, _)| *o));
-        slot_state::add_joined(out.st.sql(), &slot, &all).await?;
-        return Ok(true);
+        slot_state::add_joined(sql, &slot, &all).await?;
+        return Ok(Vec::new());
     };
-    let via_root = partitions::via_root(cfg, out.st.sql())
-        .await?
-        .unwrap_or(true);
+    let via_root = partitions::via_root(cfg, sql).await?.unwrap_or(true);
     let mut debts = Vec::new();
     for (oid, t) in &oids {
         let members: Vec<u32> = cfg
@@ -415,7 +427,7 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
             // Retried (the GRANT can come while the relay waits), not a stop.
             let qualified = partitions::qualified(t);
             let discovered = t.discovered.is_some();
-            let owed = owed::table(cfg, out.st.sql(), *oid, &qualified, discovered, via_root)
+            let owed = owed::table(cfg, sql, *oid, &qualified, discovered, via_root)
                 .await
                 .map_err(|e| unreadable(t, e))?;
             if owed == Owed::EarlierRows {
@@ -435,14 +447,14 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
             // Only the root is proven: a partition attached with rows it held before (even in
             // the creating transaction) is owed them, so each member is judged below (issue
             // 56: a pre-filled partition attached to a new tenant was never published).
-            slot_state::add_joined(out.st.sql(), &slot, &[*oid]).await?;
+            slot_state::add_joined(sql, &slot, &[*oid]).await?;
         }
         for m in members.iter().filter(|m| !joined.contains(m)) {
             let qualified = partitions::qualified(t);
-            let owed = owed::partition(out.st.sql(), *m, &qualified, via_root)
+            let owed = owed::partition(sql, *m, &qualified, via_root)
                 .await
                 .map_err(|e| unreadable(t, e))?;
-            let leaves = partitions::leaves(out.st.sql(), *m).await?;
+            let leaves = partitions::leaves(sql, *m).await?;
             if owed == Owed::EarlierRows && !leaves.is_empty() {
                 tracing::warn!(table = %t.label(), partition = m, "a partition joined the table after it held rows (ATTACH PARTITION): republishing every row it holds");
                 let list: Vec<String> = leaves.iter().map(|l| format!("{l}::oid")).collect();
@@ -457,10 +469,10 @@ pub async fn catch_up(cfg: &Config, out: &mut Out<'_>, lsn: u64) -> Result<bool,
                 });
                 continue;
             }
-            slot_state::add_joined(out.st.sql(), &slot, &[*m]).await?;
+            slot_state::add_joined(sql, &slot, &[*m]).await?;
         }
     }
-    pay::pay(cfg, out, lsn, &debts).await
+    Ok(debts)
 }
 
 /// A table that joined cannot be read: retried (the GRANT can come while the relay waits).

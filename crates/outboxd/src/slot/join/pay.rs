@@ -1,11 +1,14 @@
-//! Paying what late-joining tables are owed: wait for the writers that straddled the join,
-//! prove (once, for all of them) that the statistics show nothing gone, then republish each
-//! table's rows through the session's stages and record it as joined.
+//! Paying what late-joining tables are owed, while the session streams on: off its path, wait
+//! for the writers that straddled the join and prove (once, for all of them) that the
+//! statistics show nothing gone ([`settle`]); then, in the session, hand each table's rows to
+//! the stages ([`feed`]) before the events it held of the table, and record the table as
+//! joined once they are acknowledged ([`record`]).
 
 use super::{owed, partitions, Out};
 use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
+use crate::relay::ack::Seq;
 use crate::relay::source;
 use crate::relay::table_reader::{self, Flow, NoHooks, TableReader};
 use crate::slot::state as slot_state;
@@ -15,28 +18,34 @@ use tokio_postgres::Client;
 
 /// A table (or partition) that joined after it held rows: the rows of `rels` matching
 /// `filter`, read through `table`; `done` is recorded as joined once they are acknowledged.
-pub(super) struct Debt {
+#[derive(Clone)]
+pub struct Debt {
     pub(super) table: OutboxTable,
     pub(super) rels: Vec<u32>,
     pub(super) filter: String,
     pub(super) done: Vec<u32>,
 }
 
-/// Republishes every debt, after the writers that straddled the joins ended and the
-/// statistics prove nothing is gone — one statistics settle for all of them (issue 56: twenty
-/// tenants joining waited 11 s each, one after another, while nothing else was delivered).
-/// `Ok(false)`: shutdown first.
-pub(super) async fn pay(
-    cfg: &Config,
-    out: &mut Out<'_>,
-    lsn: u64,
-    debts: &[Debt],
-) -> Result<bool, RelayError> {
-    if debts.is_empty() {
-        return Ok(true);
+impl Debt {
+    /// The table's `schema.table`: the session holds its streamed events by it.
+    pub fn label(&self) -> String {
+        self.table.label()
     }
-    for d in debts {
-        wait_for_writers(out.st.sql(), &d.rels, &d.table, out.shutdown).await?;
+}
+
+/// Off the session's path, on a connection of its own: waits until the writers that straddled
+/// the joins ended, then proves that the statistics show nothing gone — one statistics settle
+/// for every debt (issue 56: twenty tenants joining waited 11 s each, one after another, while
+/// nothing else was delivered). `Ok(false)`: shutdown first.
+pub async fn settle(
+    cfg: Config,
+    debts: Vec<Debt>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<bool, RelayError> {
+    let cfg = &cfg;
+    let sql = source::sql_connect(cfg).await?;
+    for d in &debts {
+        wait_for_writers(&sql, &d.rels, &d.table, &mut shutdown).await?;
     }
     let checks: Vec<owed::WholeCheck> = debts
         .iter()
@@ -47,16 +56,14 @@ pub(super) async fn pay(
             filter: d.filter.clone(),
         })
         .collect();
-    if !owed::proven_whole(cfg, out.st.sql(), &checks, out.shutdown).await? {
-        return Ok(false);
-    }
-    for d in debts {
-        if !republish(cfg, &d.table, out, lsn, &d.filter).await? {
-            return Ok(false);
-        }
-        slot_state::add_joined(out.st.sql(), &cfg.source.slot, &d.done).await?;
-    }
-    Ok(true)
+    owed::proven_whole(cfg, &sql, &checks, &mut shutdown).await
+}
+
+/// Once every event before the debt's rows' end is acknowledged: the table is joined.
+pub async fn record(cfg: &Config, sql: &Client, d: &Debt) -> Result<(), RelayError> {
+    slot_state::add_joined(sql, &cfg.source.slot, &d.done).await?;
+    tracing::info!(table = %d.table.label(), "the rows the table held when it joined the publication are acknowledged by the broker: joined");
+    Ok(())
 }
 
 /// Waits until every transaction holding more than a read lock on one of `oids` now has ended.
@@ -103,15 +110,18 @@ async fn wait_for_writers(
     }
 }
 
-/// Every row of `t` matching `filter`, under one snapshot, through the stages (the recovery
-/// path).
-async fn republish(
+/// In the session, between transactions: every row of the debt, under one snapshot, handed
+/// to the stages in per-aggregate version order (the recovery path: same router, parking,
+/// records), at `lsn` (at or below anything still in flight). Returns the sequence number past
+/// the last one: once every event before it is acknowledged, [`record`] it. `None`: shutdown
+/// first.
+pub async fn feed(
     cfg: &Config,
-    t: &OutboxTable,
     out: &mut Out<'_>,
     lsn: u64,
-    filter: &str,
-) -> Result<bool, RelayError> {
+    d: &Debt,
+) -> Result<Option<Seq>, RelayError> {
+    let t = &d.table;
     // The synthetic transactions' commit time: the delivery mark as it is (the stream may
     // be behind the join, so nothing newer is proven delivered by this).
     let mark = slot_state::load(out.st.sql(), &cfg.source.slot)
@@ -126,9 +136,10 @@ async fn republish(
     let names = t.columns.resolve()?;
     let (relation, _) = table_reader::relation_of(t, &reader).await?;
     let order = crate::slot::recovery::version_order(&names, &reader, &relation).await?;
-    let mut r = TableReader::cursor(t, reader, filter, &order, lsn, mark, "join_produced").await?;
+    let mut r =
+        TableReader::cursor(t, reader, &d.filter, &order, lsn, mark, "join_produced").await?;
     let flow = r
-        .publish(
+        .feed(
             cfg,
             out.st,
             out.producer,
@@ -138,9 +149,9 @@ async fn republish(
         )
         .await?;
     if flow == Flow::Shutdown {
-        return Ok(false);
+        return Ok(None);
     }
     r.client().batch_execute("COMMIT").await?;
-    tracing::warn!(table = %t.label(), events = r.sent(), "republished the rows the table held when it joined the publication: every one is acknowledged by the broker");
-    Ok(true)
+    tracing::warn!(table = %t.label(), events = r.sent(), "republished the rows the table held when it joined the publication (its streamed events follow them)");
+    Ok(Some(out.st.in_flight().next_seq()))
 }
