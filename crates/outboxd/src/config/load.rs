@@ -66,10 +66,11 @@ impl Config {
         for dsn in [
             cfg.cleanup.dsn.as_deref(),
             cfg.source.replication_dsn.as_deref(),
-        ] {
-            if let Some(p) = dsn.and_then(crate::config::secrets::dsn_password) {
-                cfg.redactor.add(&p);
-            }
+        ]
+        .into_iter()
+        .flatten()
+        {
+            cfg.redactor.add_dsn(dsn);
         }
         cfg.validate().map_err(|e| match e {
             ConfigError::Invalid(m) => invalid(cfg.redactor.scrub(&m)),
