@@ -59,8 +59,8 @@ impl Config {
         {
             cfg.redactor.add(k);
         }
-        // Export headers carry the receiver's API key.
-        for (_, v) in cfg.telemetry.header_pairs() {
+        // Export headers carry the receiver's API key; the endpoint may carry user info.
+        for v in cfg.telemetry.secret_texts() {
             cfg.redactor.add(&v);
         }
         for dsn in [

@@ -10,6 +10,7 @@ pub(crate) mod cloudevents;
 pub(crate) mod dsn;
 mod load;
 pub(crate) mod oidc;
+pub(crate) mod otlp_headers;
 pub(crate) mod parked;
 pub(crate) mod policy;
 pub(crate) mod replay;

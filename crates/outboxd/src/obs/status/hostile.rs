@@ -91,20 +91,18 @@ fn hostile_toml() -> (String, Vec<String>) {
     let mut parked = toml::Table::new();
     let parked_key = format!("{}-integrity-key-0123456789", secret(9));
     parked.insert("key".into(), parked_key.clone().into());
-    let _ = (cleanup, telemetry);
     let mut root = toml::Table::new();
     for (k, v) in [
         ("source", source),
         ("sink", sink),
+        ("cleanup", cleanup),
+        ("telemetry", telemetry),
         ("metrics", metrics),
         ("parked", parked),
     ] {
         root.insert(k.into(), v.into());
     }
-    let mut values: Vec<String> = (1..=15)
-        .filter(|n| ![5, 6, 7, 8, 9].contains(n))
-        .map(secret)
-        .collect();
+    let mut values: Vec<String> = (1..=15).filter(|n| *n != 9).map(secret).collect();
     values.push(parked_key);
     values.push(token);
     (toml::to_string(&root).unwrap(), values)
@@ -156,7 +154,13 @@ fn no_view_shows_an_encoded_quoted_or_unicode_secret() {
     let other = format!("{MARK}-not-configured");
     assert!(cfg.redactor.scrub(&leak(&other)).contains(&other));
     // The DSN secrets as written, whatever their encoding.
-    let raw = format!("{} {}", cfg.source.dsn, all_encoded(&secret(2)));
+    let raw = format!(
+        "{} {} {} {}",
+        cfg.source.dsn,
+        all_encoded(&secret(2)),
+        cfg.telemetry.endpoint.as_deref().unwrap(),
+        cfg.telemetry.headers.as_deref().unwrap()
+    );
     assert_clean("a scrubbed DSN", &cfg.redactor.scrub(&raw));
 
     let facts = Facts {
@@ -175,13 +179,27 @@ fn no_view_shows_an_encoded_quoted_or_unicode_secret() {
 
     assert_clean("Config Debug", &format!("{cfg:?}"));
     assert_clean("Config Debug (pretty)", &format!("{cfg:#?}"));
+    assert_clean("TelemetryConfig Debug", &format!("{:?}", cfg.telemetry));
+    assert_clean("CleanupConfig Debug", &format!("{:?}", cfg.cleanup));
+    assert_clean(
+        "the OTLP endpoint as logged",
+        &cfg.telemetry.shown_endpoint(),
+    );
+    assert_eq!(cfg.telemetry.shown_endpoint(), "https://collector:4318");
 }
 
 #[test]
 fn configuration_errors_never_show_a_hostile_secret() {
     // A type error on every secret-bearing key echoes the value it could not read.
     let (good, _) = hostile_toml();
-    for key in ["password", "status_token", "key", "dsn", "sasl.password"] {
+    for key in [
+        "password",
+        "status_token",
+        "key",
+        "dsn",
+        "headers",
+        "sasl.password",
+    ] {
         let bad = good
             .lines()
             .map(|l| {
