@@ -23,9 +23,27 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub struct Received {
     spans: Arc<Mutex<Vec<Span>>>,
     encodings: Arc<Mutex<Vec<String>>>,
+    /// The `x-…` headers of every request (name lowercased), in arrival order.
+    x_headers: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl Received {
+    fn header(&self, name: &str, value: &str) {
+        let name = name.to_ascii_lowercase();
+        if name.starts_with("x-") {
+            self.x_headers
+                .lock()
+                .unwrap()
+                .push((name, value.trim().to_string()));
+        }
+    }
+
+    /// The `x-…` headers of every request so far (names lowercased; over HTTP the receiver
+    /// lowercases values too).
+    pub fn x_headers(&self) -> Vec<(String, String)> {
+        self.x_headers.lock().unwrap().clone()
+    }
+
     fn add(&self, req: ExportTraceServiceRequest, encoding: &str) {
         let mut all = self.spans.lock().unwrap();
         for rs in req.resource_spans {
@@ -75,6 +93,11 @@ impl TraceService for Received {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("identity")
             .to_string();
+        for kv in req.metadata().iter() {
+            if let tonic::metadata::KeyAndValueRef::Ascii(k, v) = kv {
+                self.header(k.as_str(), v.to_str().unwrap_or_default());
+            }
+        }
         self.add(req.into_inner(), &encoding);
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
@@ -198,6 +221,9 @@ pub async fn serve_http(mut sock: impl AsyncRead + AsyncWrite + Unpin, r: Receiv
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
         let encoding = field("content-encoding:").unwrap_or("identity".into());
+        for (k, v) in head.lines().filter_map(|l| l.split_once(':')) {
+            r.header(k, v);
+        }
         while buf.len() < head_end + len {
             let mut chunk = [0u8; 8192];
             match sock.read(&mut chunk).await {

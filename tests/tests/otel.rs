@@ -498,3 +498,69 @@ async fn bench_backlog_with_tracing_off_all_and_one_percent_sampled() -> anyhow:
     println!("{}", lines.join("\n"));
     Ok(())
 }
+
+/// Issue 53: the documented precedence holds for headers too. The file's `headers` win over
+/// `OTEL_EXPORTER_OTLP_HEADERS` in the relay's environment (the SDK used to add those on top,
+/// overriding the file's value), on both protocols; headers to a plain `http://` endpoint are
+/// warned about once at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_files_headers_win_over_otel_env_on_both_protocols() -> anyhow::Result<()> {
+    let env = Env::start("otel_prec").await?;
+    for protocol in ["grpc", "http/protobuf"] {
+        let port = free_port();
+        let got = Received::default();
+        let _stop = if protocol == "grpc" {
+            Some(receiver(port, got.clone()))
+        } else {
+            http_receiver(port, got.clone()).await?;
+            None
+        };
+        let config = env.dir.path().join("otel_prec.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "{}\n[telemetry]\nendpoint = \"http://127.0.0.1:{port}\"\nprotocol = \"{protocol}\"\n\
+                 schedule_delay_ms = 200\nroot_sample_ratio = 1.0\nheaders = \"x-api-key=from-file\"\n",
+                env.toml()
+            ),
+        )?;
+        let log = env.dir.path().join(format!("relay-{port}.log"));
+        let mut relay = RelayProcess::spawn_with_env(
+            &config,
+            log.clone(),
+            &[
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "x-api-key=from-env,x-env-only=1",
+                ),
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                    "x-api-key=from-env-traces",
+                ),
+            ],
+        )?;
+        let c = env.sql().await?;
+        insert(&c, &format!("prec-{port}"), "{}").await?;
+        let waited = eventually(Duration::from_secs(30), || async {
+            Ok(!got.x_headers().is_empty())
+        })
+        .await;
+        relay.sigkill();
+        let text = reliability::read_log(&log);
+        waited.map_err(|e| anyhow::anyhow!("{protocol}: no export: {e}\n{text}"))?;
+        let headers = got.x_headers();
+        assert!(
+            headers
+                .iter()
+                .all(|h| h == &("x-api-key".into(), "from-file".into())),
+            "{protocol}: {headers:?}"
+        );
+        assert_eq!(
+            text.matches("plain-text http:// endpoint").count(),
+            1,
+            "{protocol}: warned once\n{text}"
+        );
+        assert!(!text.contains("from-file"), "{protocol}: {text}");
+    }
+    Ok(())
+}

@@ -226,3 +226,82 @@ async fn rejected_credentials_are_retried_and_never_logged() -> anyhow::Result<(
     assert_clean("outboxd status", &out);
     Ok(())
 }
+
+/// Issue 53: secrets written encoded, quoted and with unicode — the DSN's password
+/// percent-encoded, a `?password=` parameter, a key=value `replication_dsn` with a quoted
+/// password, librdkafka's passphrase — each carrying the marker. The password is wrong, so
+/// every connection fails and says so: `check`, `status` and the running relay's log (debug)
+/// show none of them, nor their percent-encoded form. (The status page, `Debug` and the
+/// configuration errors: `obs::status::hostile` in the crate.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_quoted_and_unicode_secrets_never_show() -> anyhow::Result<()> {
+    let env = Env::start("sec_hostile").await?;
+    let hostile = |n: u32| format!("{MARK}{n}/é@'\"%&:? ü\\;");
+    let all_encoded = |s: &str| s.bytes().map(|b| format!("%{b:02X}")).collect::<String>();
+    let quoted = |s: &str| serde_json::to_string(s).unwrap();
+    let kv = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
+    let dsn = env.pg.dsn(&env.db);
+    let port = dsn
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.split('/').next())
+        .unwrap();
+    let hostile_dsn = format!(
+        "{}?password={}",
+        dsn.replace(
+            &format!(":{}@", outboxd_tests::testkit::PG_PASSWORD),
+            &format!(":{}@", all_encoded(&hostile(1)))
+        ),
+        all_encoded(&hostile(2))
+    );
+    let replication = format!(
+        "host=127.0.0.1 port={port} user=postgres password={} dbname={}",
+        kv(&hostile(3)),
+        env.db
+    );
+    let toml = env
+        .toml()
+        .replace(
+            &format!("dsn = \"{dsn}\""),
+            &format!("dsn = {}", quoted(&hostile_dsn)),
+        )
+        .replace(
+            "[source]\n",
+            &format!("[source]\nreplication_dsn = {}\n", quoted(&replication)),
+        )
+        .replace(
+            "[sink.kafka]\n",
+            &format!(
+                "[sink.kafka]\n\"sasl.password\" = {}\n\
+                 \"sasl.oauthbearer.assertion.private.key.passphrase\" = {}\n",
+                quoted(&hostile(4)),
+                quoted(&hostile(5))
+            ),
+        );
+    assert!(
+        toml.contains("replication_dsn") && !toml.contains(&dsn),
+        "{toml}"
+    );
+    let config = env.dir.path().join("hostile.toml");
+    std::fs::write(&config, &toml)?;
+    let clean = |what: &str, text: &str| {
+        assert_clean(what, text);
+        assert!(!text.contains(&all_encoded(MARK)), "{what}:\n{text}");
+    };
+    let (code, out) = outboxd_cli(&["check"], &config);
+    assert_ne!(code, 0, "the password is wrong:\n{out}");
+    clean("outboxd check", &out);
+    let (_, out) = outboxd_cli(&["status", "--json"], &config);
+    clean("outboxd status", &out);
+    let log = env.dir.path().join("relay.log");
+    let mut relay = RelayProcess::spawn_with_env(&config, log.clone(), &[("RUST_LOG", "debug")])?;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    relay.sigkill();
+    let text = reliability::read_log(&log);
+    assert!(
+        text.contains("password authentication failed"),
+        "no connection failure logged:\n{text}"
+    );
+    clean("relay log", &text);
+    Ok(())
+}

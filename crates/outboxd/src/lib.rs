@@ -51,7 +51,7 @@
 //!   through which the relay hands them the slot's server and the in-flight events:
 //!   `SlotServer`, `Pending`), `telemetry/` (OpenTelemetry: the relay's `Traces` pipeline and
 //!   its export thread, `span` the publish spans, `ids` the span ids derived from the event,
-//!   `ops` the relay's own spans).
+//!   `ops` the relay's own spans, `http_client` the OTLP/HTTP client).
 //! - `cleanup/`: deleting delivered outbox rows (R34) in batches behind every slot's delivery
 //!   mark and the recovery window; `partitions`: dropping whole partitions of a partitioned outbox.
 //! - `shadow/`: shadow mode (R35) — `compare` (pairing by event_id), `legacy` (the legacy

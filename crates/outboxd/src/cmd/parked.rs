@@ -169,9 +169,10 @@ pub async fn run(cfg: &Config, cmd: ParkedCmd) -> Result<String, RelayError> {
                 operator::RetryOutcome::Unroutable(field) => {
                     return Err(RelayError::Setup(format!(
                         "{event_id} has no {field}, so it cannot be routed or republished: \
-                         discard it (`outboxd parked discard {event_id} --reason …`; events held \
+                         discard it (`outboxd parked discard {} --reason …`; events held \
                          behind it are then released) and, if it is needed, write a corrected \
-                         event to the outbox"
+                         event to the outbox",
+                        crate::model::shell::quote(&event_id)
                     )))
                 }
             }

@@ -3,8 +3,8 @@
 use serde::Deserialize;
 use std::time::Duration;
 
-/// `[cleanup]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[cleanup]`. `Debug` (below) shows `dsn` with its secrets redacted.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CleanupConfig {
     /// Keep rows at least this long (audit retention); unset: cleanup is off.
@@ -44,6 +44,20 @@ impl Default for CleanupConfig {
             dsn: None,
             ignore_slots: Vec::new(),
         }
+    }
+}
+
+impl std::fmt::Debug for CleanupConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CleanupConfig")
+            .field("retention", &self.retention)
+            .field("batch_size", &self.batch_size)
+            .field("max_rows_per_run", &self.max_rows_per_run)
+            .field("pause_ms", &self.pause_ms)
+            .field("every", &self.every)
+            .field("dsn", &self.dsn.as_deref().map(super::dsn::redact))
+            .field("ignore_slots", &self.ignore_slots)
+            .finish()
     }
 }
 

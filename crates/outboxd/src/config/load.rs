@@ -59,17 +59,18 @@ impl Config {
         {
             cfg.redactor.add(k);
         }
-        // Export headers carry the receiver's API key.
-        for (_, v) in cfg.telemetry.header_pairs() {
+        // Export headers carry the receiver's API key; the endpoint may carry user info.
+        for v in cfg.telemetry.secret_texts() {
             cfg.redactor.add(&v);
         }
         for dsn in [
             cfg.cleanup.dsn.as_deref(),
             cfg.source.replication_dsn.as_deref(),
-        ] {
-            if let Some(p) = dsn.and_then(crate::config::secrets::dsn_password) {
-                cfg.redactor.add(&p);
-            }
+        ]
+        .into_iter()
+        .flatten()
+        {
+            cfg.redactor.add_dsn(dsn);
         }
         cfg.validate().map_err(|e| match e {
             ConfigError::Invalid(m) => invalid(cfg.redactor.scrub(&m)),

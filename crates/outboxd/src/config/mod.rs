@@ -7,11 +7,14 @@
 pub(crate) mod alerts;
 pub(crate) mod cleanup;
 pub(crate) mod cloudevents;
+pub(crate) mod dsn;
 mod load;
 pub(crate) mod oidc;
+pub(crate) mod otlp_headers;
 pub(crate) mod parked;
 pub(crate) mod policy;
 pub(crate) mod replay;
+pub(crate) mod secret_names;
 pub(crate) mod secrets;
 pub(crate) mod shadow;
 pub(crate) mod status_token;

@@ -11,20 +11,8 @@
 use crate::config::{Config, ConfigError, SinkConfig, SourceConfig};
 use std::collections::BTreeMap;
 
-/// What replaces a secret in any output.
-pub const REDACTED: &str = "[redacted]";
-
-/// librdkafka properties whose values are secrets (passwords, keys, client secrets, tokens).
-pub fn is_secret_key(key: &str) -> bool {
-    let k = key.to_ascii_lowercase();
-    k.contains("password")
-        || k.contains("secret")
-        || k.contains("token")
-        || k == "ssl.key.pem"
-        || k == "ssl_key"
-        || k == "sasl.oauthbearer.config"
-        || k == "sasl.jaas.config"
-}
+use crate::config::secret_names::LIBRDKAFKA_PATHS;
+pub use crate::config::secret_names::{is_secret_key, REDACTED};
 
 /// Replaces the secrets it knows, and any PEM private key block, in a text.
 #[derive(Clone, Default)]
@@ -39,14 +27,38 @@ impl std::fmt::Debug for Redactor {
 }
 
 impl Redactor {
-    /// Remembers `value` as a secret. Very short values are kept too (a 3-character password
-    /// is still a password); the empty string is not a secret.
+    /// Remembers `value` as a secret, with the forms it takes in the texts outboxd builds:
+    /// percent-encoded (URLs), escaped as in `Debug` and as in JSON (the status page's view is
+    /// scrubbed as JSON text). Very short values are kept too (a 3-character password is still
+    /// a password); the empty string is not a secret.
     pub fn add(&mut self, value: &str) {
         let v = value.trim();
-        if !v.is_empty() && !self.secrets.iter().any(|s| s == v) {
-            self.secrets.push(v.to_string());
-            // Longest first, so a secret containing another is replaced whole.
-            self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        if v.is_empty() {
+            return;
+        }
+        let json = serde_json::to_string(v).unwrap_or_default();
+        let json = json
+            .strip_prefix('"')
+            .and_then(|j| j.strip_suffix('"'))
+            .unwrap_or(v);
+        for form in [
+            v.to_string(),
+            crate::config::dsn::percent_encode(v),
+            v.escape_debug().to_string(),
+            json.to_string(),
+        ] {
+            if !self.secrets.contains(&form) {
+                self.secrets.push(form);
+            }
+        }
+        // Longest first, so a secret containing another is replaced whole.
+        self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    }
+
+    /// Every secret of a DSN, as written and as meant.
+    pub fn add_dsn(&mut self, dsn: &str) {
+        for s in crate::config::dsn::secret_texts(dsn) {
+            self.add(&s);
         }
     }
 
@@ -61,9 +73,7 @@ impl Redactor {
         if let Some(p) = password {
             r.add(p);
         }
-        if let Some(p) = dsn_password(dsn) {
-            r.add(&p);
-        }
+        r.add_dsn(dsn);
         r
     }
 
@@ -97,13 +107,8 @@ pub fn of_table(root: &toml::Table) -> Redactor {
             }
         }
     }
-    if let Some(p) = section("cleanup")
-        .and_then(|c| c.get("dsn"))
-        .map(text)
-        .as_deref()
-        .and_then(dsn_password)
-    {
-        r.add(&p);
+    if let Some(dsn) = section("cleanup").and_then(|c| c.get("dsn")).map(text) {
+        r.add_dsn(&dsn);
     }
     if let Some(parked) = section("parked") {
         for key in ["key", "previous_key"] {
@@ -117,8 +122,8 @@ pub fn of_table(root: &toml::Table) -> Redactor {
             r.add(&text(p));
         }
         for key in ["dsn", "replication_dsn"] {
-            if let Some(p) = src.get(key).map(text).as_deref().and_then(dsn_password) {
-                r.add(&p);
+            if let Some(dsn) = src.get(key).map(text) {
+                r.add_dsn(&dsn);
             }
         }
     }
@@ -160,7 +165,7 @@ pub fn load_files(cfg: &mut Config) -> Result<(), ConfigError> {
         .sink
         .kafka
         .iter()
-        .filter(|(k, _)| k.ends_with(".file"))
+        .filter(|(k, _)| k.ends_with(".file") && !LIBRDKAFKA_PATHS.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     for (key, path) in files {
@@ -215,12 +220,10 @@ pub(super) fn read_bounded(path: &std::path::Path, limit: u64) -> std::io::Resul
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
 }
 
-/// A DSN with its password replaced (URL or key=value form).
+/// A DSN with its secrets replaced where they are written (URL or key=value form,
+/// [`crate::config::dsn::redact`]).
 pub fn redact_dsn(dsn: &str) -> String {
-    match dsn_password(dsn) {
-        Some(p) => dsn.replace(&p, REDACTED),
-        None => dsn.to_string(),
-    }
+    crate::config::dsn::redact(dsn)
 }
 
 impl std::fmt::Debug for SourceConfig {
@@ -275,16 +278,6 @@ impl std::fmt::Debug for SinkConfig {
     }
 }
 
-/// The password inside a DSN (URL or key=value form), if any.
-pub fn dsn_password(dsn: &str) -> Option<String> {
-    use std::str::FromStr;
-    tokio_postgres::Config::from_str(dsn)
-        .ok()?
-        .get_password()
-        .map(|p| String::from_utf8_lossy(p).into_owned())
-        .filter(|p| !p.is_empty())
-}
-
 /// Any `-----BEGIN … PRIVATE KEY-----` … `-----END … -----` block becomes [`REDACTED`].
 fn scrub_pem(text: &str) -> String {
     const BEGIN: &str = "-----BEGIN ";
@@ -329,10 +322,15 @@ mod tests {
             "sasl.oauthbearer.client.secret",
             "ssl.key.pem",
             "sasl.oauthbearer.config",
+            "sasl.oauthbearer.assertion.private.key.passphrase",
+            "sasl.oauthbearer.assertion.private.key.pem",
+            "sasl.oauthbearer.client.credentials.client.secret",
+            "sslpassword",
         ] {
             assert!(is_secret_key(k), "{k}");
         }
         for k in [
+            "sasl.oauthbearer.assertion.private.key.file",
             "bootstrap.servers",
             "sasl.username",
             "ssl.ca.location",
@@ -359,8 +357,26 @@ mod tests {
              -----BEGIN CERTIFICATE-----"
         );
         assert_eq!(
-            dsn_password("host=h user=u password=kv-pw").as_deref(),
-            Some("kv-pw")
+            crate::config::dsn::secret_texts("host=h user=u password=kv-pw"),
+            ["kv-pw", "kv-pw"]
         );
+    }
+}
+
+#[cfg(test)]
+mod path_tests {
+    /// librdkafka reads `sasl.oauthbearer.assertion.private.key.file` itself: a path, kept as
+    /// written (not outboxd's "secret from a file" form, which would set a property that does
+    /// not exist), and shown.
+    #[test]
+    fn librdkafkas_own_file_properties_pass_verbatim() {
+        let key = "sasl.oauthbearer.assertion.private.key.file";
+        let toml = format!(
+            "[source]\ndsn = \"postgres://u@h/db\"\n[sink.kafka]\n\"bootstrap.servers\" = \
+             \"b:9092\"\n\"{key}\" = \"/run/secrets/assertion.pem\"\n"
+        );
+        let c = crate::Config::from_toml_and_env(&toml, Vec::<(String, String)>::new()).unwrap();
+        assert_eq!(c.sink.kafka[key], "/run/secrets/assertion.pem");
+        assert!(format!("{:?}", c.sink).contains("/run/secrets/assertion.pem"));
     }
 }

@@ -9,6 +9,11 @@ use crate::config::{ConfigError, MetricsConfig};
 /// Fewest characters of a token: a short one is guessed by anyone who can reach the port.
 pub const MIN_TOKEN_LEN: usize = 16;
 
+/// The largest `status_token_file` read (issue 53): a token is a few dozen bytes; a path to
+/// something that never ends (`/dev/zero`) or a huge file is an error, not a process that
+/// fills its memory at start.
+const MAX_TOKEN_FILE: u64 = 4096;
+
 impl std::fmt::Debug for MetricsConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MetricsConfig")
@@ -34,9 +39,10 @@ pub fn load_file(m: &mut MetricsConfig) -> Result<(), ConfigError> {
                 "metrics.status_token and metrics.status_token_file are both set: keep one".into(),
             ));
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        let text = crate::config::secrets::read_bounded(&path, MAX_TOKEN_FILE).map_err(|e| {
             ConfigError::Invalid(format!(
-                "metrics.status_token_file = {path:?}: cannot read it: {e}"
+                "metrics.status_token_file = {path:?}: cannot read it: {e} (a token file holds \
+                 one token, at most {MAX_TOKEN_FILE} bytes)"
             ))
         })?;
         let t = text.strip_suffix('\n').unwrap_or(&text);
@@ -78,6 +84,20 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("keep one"));
+        // Issue 53: read with a size limit, a clear error past it.
+        std::fs::write(&dir, "a".repeat(4097)).unwrap();
+        let mut big = MetricsConfig {
+            status_token_file: Some(dir.clone()),
+            ..Default::default()
+        };
+        let e = load_file(&mut big).unwrap_err().to_string();
+        assert!(e.contains("larger than 4096 bytes"), "{e}");
+        let mut endless = MetricsConfig {
+            status_token_file: Some("/dev/zero".into()),
+            ..Default::default()
+        };
+        let e = load_file(&mut endless).unwrap_err().to_string();
+        assert!(e.contains("larger than 4096 bytes"), "{e}");
         let _ = std::fs::remove_file(dir);
     }
 

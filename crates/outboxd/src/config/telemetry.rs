@@ -3,10 +3,13 @@
 //! `OUTBOXD_TELEMETRY_*` override) sets wins, an unset one is filled from the `OTEL_*`
 //! variable. Off unless an endpoint is configured; `OTEL_SDK_DISABLED=true` turns it off anyway.
 
+use super::otlp_headers as headers;
 use super::{invalid, lenient, lenient_some, ConfigError};
 use serde::Deserialize;
 
-#[derive(Debug, Clone, Deserialize)]
+/// `Debug` (below) shows the header names, never their values, and the endpoints without
+/// their user info.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// `OTEL_EXPORTER_OTLP_ENDPOINT`: the receiver's base address (HTTP appends `/v1/traces`).
@@ -53,6 +56,11 @@ pub struct TelemetryConfig {
     /// naming the variable (a typo must not silently mean "plain text").
     #[serde(skip)]
     pub env_errors: Vec<String>,
+    /// The header names the `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS` variables hold: the SDK reads
+    /// those variables itself and adds them to every export, so the exporter takes them off
+    /// again (the file's `headers` win, as every other key of the file does).
+    #[serde(skip)]
+    pub env_header_names: Vec<String>,
     /// `OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT` in ms (default 10000): one export's limit.
     #[serde(default, deserialize_with = "lenient_some")]
     pub timeout_ms: Option<u64>,
@@ -88,6 +96,7 @@ impl Default for TelemetryConfig {
             insecure: None,
             compression: None,
             env_errors: Vec::new(),
+            env_header_names: Vec::new(),
             timeout_ms: None,
             max_queue_size: None,
             max_export_batch_size: None,
@@ -120,17 +129,17 @@ impl TelemetryConfig {
                 *slot = get(names);
             }
         };
+        for name in pair_names("HEADERS") {
+            if let Some((_, v)) = env.iter().find(|(k, _)| *k == name) {
+                self.env_header_names.extend(headers::names(v));
+            }
+        }
         fill(&mut self.endpoint, &["OTEL_EXPORTER_OTLP_ENDPOINT"]);
         fill(
             &mut self.traces_endpoint,
             &["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"],
         );
-        let pair = |s: &str| {
-            [
-                format!("OTEL_EXPORTER_OTLP_TRACES_{s}"),
-                format!("OTEL_EXPORTER_OTLP_{s}"),
-            ]
-        };
+        let pair = pair_names;
         for (slot, s) in [
             (&mut self.protocol, "PROTOCOL"),
             (&mut self.headers, "HEADERS"),
@@ -228,14 +237,41 @@ impl TelemetryConfig {
             .is_some_and(|c| c.trim().eq_ignore_ascii_case("gzip"))
     }
 
-    /// The export headers as pairs (URL-decoded values).
-    pub fn header_pairs(&self) -> Vec<(String, String)> {
-        pairs(self.headers.as_deref().unwrap_or(""))
+    /// The export headers as pairs (URL-decoded values); an error names the header, never
+    /// its value.
+    pub fn header_pairs(&self) -> Result<Vec<(String, String)>, headers::HeaderError> {
+        headers::parse(self.headers.as_deref().unwrap_or(""))
     }
 
     /// The resource attributes as pairs.
     pub fn resource_pairs(&self) -> Vec<(String, String)> {
-        pairs(self.resource_attributes.as_deref().unwrap_or(""))
+        headers::lenient_pairs(self.resource_attributes.as_deref().unwrap_or(""))
+    }
+
+    /// The traces address as logs and views show it: without user info (a credential).
+    pub fn shown_endpoint(&self) -> String {
+        headers::without_user_info(&self.traces_url().unwrap_or_default())
+    }
+
+    /// Headers (an API key) would travel in plain text: export on, an `http://` endpoint and
+    /// headers set. The relay warns once at start.
+    pub fn headers_in_plain_text(&self) -> bool {
+        self.enabled()
+            && self.traces_url().is_some_and(|u| u.starts_with("http://"))
+            && self.header_pairs().is_ok_and(|h| !h.is_empty())
+    }
+
+    /// Every secret of this section as written and as meant, for the redactor: header values
+    /// (even of a list that does not parse) and the endpoints' user-info passwords.
+    pub fn secret_texts(&self) -> Vec<String> {
+        let mut out = headers::secret_texts(self.headers.as_deref().unwrap_or(""));
+        for url in [&self.endpoint, &self.traces_endpoint]
+            .into_iter()
+            .flatten()
+        {
+            out.extend(headers::url_password_texts(url));
+        }
+        out
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -291,14 +327,7 @@ impl TelemetryConfig {
                  certificate settings"
             )));
         }
-        for (k, v) in self.header_pairs() {
-            if k.is_empty() || v.is_empty() {
-                return Err(invalid(format!(
-                    "telemetry.headers (OTEL_EXPORTER_OTLP_HEADERS): entry {k:?} has no \
-                     key=value form; write key1=value1,key2=value2"
-                )));
-            }
-        }
+        self.header_pairs().map_err(|e| invalid(e.to_string()))?;
         if self.client_certificate.is_some() != self.client_key.is_some() {
             return Err(invalid(
                 "telemetry.client_certificate and telemetry.client_key go together (mutual TLS): \
@@ -314,33 +343,40 @@ impl TelemetryConfig {
     }
 }
 
-/// `k=v,k2=v2` with percent-decoded values (the OpenTelemetry list format).
-fn pairs(s: &str) -> Vec<(String, String)> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (k.trim().to_string(), percent_decode(v.trim())),
-            None => (p.trim().to_string(), String::new()),
-        })
-        .collect()
+/// `OTEL_EXPORTER_OTLP_TRACES_<s>` before `OTEL_EXPORTER_OTLP_<s>` (the specification's order).
+fn pair_names(s: &str) -> [String; 2] {
+    [
+        format!("OTEL_EXPORTER_OTLP_TRACES_{s}"),
+        format!("OTEL_EXPORTER_OTLP_{s}"),
+    ]
 }
 
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
+impl std::fmt::Debug for TelemetryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let url = |u: &Option<String>| u.as_deref().map(headers::without_user_info);
+        let names = self.headers.as_deref().map(headers::names);
+        f.debug_struct("TelemetryConfig")
+            .field("endpoint", &url(&self.endpoint))
+            .field("traces_endpoint", &url(&self.traces_endpoint))
+            .field("protocol", &self.protocol)
+            .field("headers (names; values redacted)", &names)
+            .field("service_name", &self.service_name)
+            .field("resource_attributes", &self.resource_attributes)
+            .field("disabled", &self.disabled)
+            .field("certificate", &self.certificate)
+            .field("client_certificate", &self.client_certificate)
+            .field("client_key", &self.client_key)
+            .field("insecure", &self.insecure)
+            .field("compression", &self.compression)
+            .field("env_errors", &self.env_errors)
+            .field("env_header_names", &self.env_header_names)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("max_queue_size", &self.max_queue_size)
+            .field("max_export_batch_size", &self.max_export_batch_size)
+            .field("schedule_delay_ms", &self.schedule_delay_ms)
+            .field("root_sample_ratio", &self.root_sample_ratio)
+            .finish()
     }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -366,7 +402,7 @@ mod tests {
         assert!(t.enabled());
         assert_eq!(t.traces_url().unwrap(), "http://c:4318/v1/traces");
         assert_eq!(
-            t.header_pairs(),
+            t.header_pairs().unwrap(),
             [
                 ("x-api-key".into(), "a b".into()),
                 ("other".into(), "c".into())
@@ -544,5 +580,78 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.telemetry.traces_url().unwrap(), "http://c:4317");
+    }
+
+    /// Issue 53: `x=key%2é` panicked on every configuration load (tracing on or off) and the
+    /// panic printed the value. Now: tracing on, a configuration error naming the header's key
+    /// only; tracing off, the relay starts (another component's OTEL_* settings do not stop
+    /// it). Either way the value is a secret the redactor knows.
+    #[test]
+    fn a_malformed_otel_header_is_an_error_naming_the_key_and_never_a_panic() {
+        let base = "[source]\ndsn = \"postgres://u@h/db\"\n[sink.kafka]\n\"bootstrap.servers\" = \"b:9092\"\n";
+        let bad = ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=key%2é-Mk4");
+        let off = crate::Config::from_toml_and_env(base, env(&[bad])).unwrap();
+        assert!(!off.telemetry.enabled());
+        assert!(!off.redactor.scrub("key%2é-Mk4").contains("Mk4"));
+        let e = crate::Config::from_toml_and_env(
+            base,
+            env(&[bad, ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4317")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("\"x-api-key\"") && e.contains("percent-encoding") && !e.contains("Mk4"),
+            "{e}"
+        );
+    }
+
+    /// The documented precedence: a key the file sets wins over its OTEL_* variable, headers
+    /// included. The SDK reads the variables itself, so the exporter learns which names they
+    /// hold (and takes them off every request).
+    #[test]
+    fn the_files_headers_win_over_otel_env() {
+        let mut t = TelemetryConfig {
+            endpoint: Some("https://c:4318".into()),
+            headers: Some("x-api-key=from-file".into()),
+            ..Default::default()
+        };
+        t.fill_from_env(&env(&[
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "x-api-key=from-env,x-env-only=1",
+            ),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "X-Traces=2"),
+        ]));
+        assert_eq!(
+            t.header_pairs().unwrap(),
+            [("x-api-key".into(), "from-file".into())]
+        );
+        assert_eq!(t.env_header_names, ["x-traces", "x-api-key", "x-env-only"]);
+        let shown = format!("{t:?}");
+        assert!(
+            !shown.contains("from-file") && shown.contains("x-api-key"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn plain_text_headers_are_noticed_and_the_endpoint_is_shown_without_user_info() {
+        let t = TelemetryConfig {
+            endpoint: Some("http://otel:pw-Mk5@c:4318".into()),
+            protocol: Some("http/protobuf".into()),
+            headers: Some("x-api-key=k".into()),
+            ..Default::default()
+        };
+        assert!(t.headers_in_plain_text());
+        assert_eq!(t.shown_endpoint(), "http://c:4318/v1/traces");
+        assert!(t.secret_texts().contains(&"pw-Mk5".to_string()));
+        assert!(!format!("{t:?}").contains("Mk5"));
+        let tls = TelemetryConfig {
+            endpoint: Some("https://c:4318".into()),
+            ..t.clone()
+        };
+        assert!(!tls.headers_in_plain_text());
+        let none = TelemetryConfig { headers: None, ..t };
+        assert!(!none.headers_in_plain_text());
     }
 }

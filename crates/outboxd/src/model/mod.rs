@@ -13,6 +13,7 @@ pub(crate) mod lsn;
 pub(crate) mod publication;
 pub(crate) mod record;
 pub(crate) mod route;
+pub(crate) mod shell;
 pub(crate) mod sql;
 pub(crate) mod stream;
 pub(crate) mod tls;

@@ -175,8 +175,10 @@ pub async fn extend(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayErro
                  streamed (only inserts from now on are): a relay that has already run on slot \
                  {} republishes them when its next session starts (before it streams the \
                  table); on a slot's first run they are not, and if they must go out, republish \
-                 them with `outboxd replay --table {label} --since … --until …`",
-                cfg.source.publication, cfg.source.slot
+                 them with `outboxd replay --table {} --since … --until …`",
+                cfg.source.publication,
+                cfg.source.slot,
+                crate::model::shell::quote(&label)
             )
         } else {
             format!(

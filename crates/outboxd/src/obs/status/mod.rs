@@ -12,6 +12,8 @@
 pub(crate) mod config_view;
 pub(crate) mod facts;
 pub(crate) mod history;
+#[cfg(test)]
+mod hostile;
 pub(crate) mod html;
 pub(crate) mod serve;
 

@@ -9,6 +9,7 @@
 //! exporter reconnects by itself. One [`Traces`] per relay (it lives in the relay's
 //! `Observed`, created by the first producer), shared by its sessions; nothing is global.
 
+mod http_client;
 pub mod ids;
 pub mod ops;
 pub(crate) mod span;
@@ -131,7 +132,6 @@ impl Traces {
         ));
         let resource = Resource::builder_empty().with_attributes(attrs).build();
         let (tx, rx) = std::sync::mpsc::sync_channel(cfg.max_queue_size.unwrap_or(2048));
-        let url = cfg.traces_url().unwrap_or_default();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let thread_cfg = cfg.clone();
@@ -147,7 +147,14 @@ impl Traces {
         ready_rx
             .recv()
             .map_err(|_| "the trace export thread ended at start".to_string())??;
-        tracing::info!(endpoint = %url, protocol = ?cfg.protocol(), "exporting traces (OTLP)");
+        tracing::info!(endpoint = %cfg.shown_endpoint(), protocol = ?cfg.protocol(), "exporting traces (OTLP)");
+        if cfg.headers_in_plain_text() {
+            tracing::warn!(
+                endpoint = %cfg.shown_endpoint(),
+                "telemetry.headers (an API key?) go to a plain-text http:// endpoint: anyone on \
+                 the path can read them; use https://"
+            );
+        }
         let publish =
             Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.root_sample_ratio)));
         let next = ids::Next::default();
@@ -237,7 +244,7 @@ impl Drop for Traces {
 fn build_exporter(cfg: &TelemetryConfig) -> Result<opentelemetry_otlp::SpanExporter, String> {
     let url = cfg.traces_url().unwrap_or_default();
     let timeout = Duration::from_millis(cfg.timeout_ms.unwrap_or(10_000));
-    let headers = cfg.header_pairs();
+    let headers = cfg.header_pairs().map_err(|e| e.to_string())?;
     // The SDK has no explicit "none": left unset, it reads OTEL_EXPORTER_OTLP_(TRACES_)
     // COMPRESSION itself, so a file's `none` does not undo a process-wide `gzip` (documented).
     let gzip = cfg.gzip().then_some(opentelemetry_otlp::Compression::Gzip);
@@ -254,11 +261,16 @@ fn build_exporter(cfg: &TelemetryConfig) -> Result<opentelemetry_otlp::SpanExpor
                     .map_err(|_| format!("telemetry.headers: the value of {k:?} is not ASCII"))?;
                 meta.insert(key, value);
             }
+            // The SDK adds OTEL_EXPORTER_OTLP_(TRACES_)HEADERS to the metadata itself; the
+            // interceptor runs after it and sends exactly the configured headers.
             let mut b = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(url.clone())
                 .with_timeout(timeout)
-                .with_metadata(meta);
+                .with_interceptor(move |mut req: tonic::Request<()>| {
+                    *req.metadata_mut() = meta.clone();
+                    Ok(req)
+                });
             if https {
                 b = b.with_tls_config(tls(cfg)?);
             }
@@ -273,8 +285,7 @@ fn build_exporter(cfg: &TelemetryConfig) -> Result<opentelemetry_otlp::SpanExpor
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_endpoint(url)
                 .with_timeout(timeout)
-                .with_headers(headers.into_iter().collect())
-                .with_http_client(HttpClient::new(cfg, timeout)?);
+                .with_http_client(http_client::HttpClient::new(cfg, timeout, headers)?);
             if let Some(c) = gzip {
                 b = b.with_compression(c);
             }
@@ -307,137 +318,6 @@ fn tls(
 /// A TLS file of `[telemetry]`; the error names the key (never the contents).
 fn read_tls_file(key: &str, path: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("telemetry.{key} {path:?} cannot be read: {e}"))
-}
-
-/// The rustls settings of the OTLP/HTTP client: the same trust and identity as [`tls`], on ring
-/// chosen explicitly (aws-lc is in the build too, so no process-wide default exists).
-fn http_tls(cfg: &TelemetryConfig) -> Result<rustls::ClientConfig, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = |key: &str, path: &str| {
-        CertificateDer::pem_slice_iter(&read_tls_file(key, path)?)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("telemetry.{key} {path:?}: {e}"))
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    match &cfg.certificate {
-        Some(ca) => {
-            for cert in certs("certificate", ca)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("telemetry.certificate {ca:?}: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err(format!(
-                    "telemetry.certificate {ca:?} holds no PEM certificate"
-                ));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| format!("telemetry TLS: {e}"))?
-        .with_root_certificates(roots);
-    let mut config = match (&cfg.client_certificate, &cfg.client_key) {
-        (Some(c), Some(k)) => {
-            let key = PrivateKeyDer::from_pem_slice(&read_tls_file("client_key", k)?)
-                .map_err(|e| format!("telemetry.client_key {k:?}: {e}"))?;
-            builder
-                .with_client_auth_cert(certs("client_certificate", c)?, key)
-                .map_err(|e| format!("telemetry.client_certificate / client_key: {e}"))?
-        }
-        _ => builder.with_no_client_auth(),
-    };
-    // The client speaks HTTP/1.1 only (reqwest without http2).
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
-}
-
-/// The OTLP/HTTP client: reqwest on [`http_tls`]. The exporter reports any failure to send as
-/// "network error" (debug-logged only), so a wrong CA would be a mystery: this client logs the
-/// cause itself (once per change, source chain, no URL) with what to fix.
-#[derive(Debug)]
-struct HttpClient {
-    inner: reqwest::Client,
-    last_error: std::sync::Mutex<Option<String>>,
-}
-
-impl HttpClient {
-    fn new(cfg: &TelemetryConfig, timeout: Duration) -> Result<Self, String> {
-        let inner = reqwest::Client::builder()
-            .tls_backend_preconfigured(http_tls(cfg)?)
-            .timeout(timeout)
-            .build()
-            .map_err(|e| format!("cannot build the OTLP/HTTP client: {e}"))?;
-        Ok(Self {
-            inner,
-            last_error: std::sync::Mutex::new(None),
-        })
-    }
-
-    /// The failure and its causes, without the request's URL.
-    fn describe(e: &reqwest::Error) -> String {
-        let mut out = if e.is_timeout() {
-            "timed out (telemetry.timeout_ms)".to_string()
-        } else {
-            "cannot send".to_string()
-        };
-        let mut next = std::error::Error::source(e);
-        while let Some(cause) = next {
-            out.push_str(": ");
-            out.push_str(&cause.to_string());
-            next = cause.source();
-        }
-        let l = out.to_ascii_lowercase();
-        if l.contains("unknownissuer") || l.contains("unknown issuer") {
-            out.push_str(
-                " (the receiver's certificate is not signed by a CA in telemetry.certificate, \
-                 or by a public CA when it is unset: point telemetry.certificate at the CA \
-                 that signed it)",
-            );
-        } else if l.contains("notvalidforname") || l.contains("not valid for name") {
-            out.push_str(
-                " (the receiver's certificate does not list the endpoint's host: use a name \
-                 it lists in telemetry.endpoint)",
-            );
-        } else if l.contains("certificaterequired") || l.contains("certificate required") {
-            out.push_str(
-                " (the receiver wants a client certificate: set telemetry.client_certificate \
-                 and telemetry.client_key)",
-            );
-        }
-        out
-    }
-}
-
-#[async_trait::async_trait]
-impl opentelemetry_http::HttpClient for HttpClient {
-    async fn send_bytes(
-        &self,
-        request: opentelemetry_http::Request<opentelemetry_http::Bytes>,
-    ) -> Result<
-        opentelemetry_http::Response<opentelemetry_http::Bytes>,
-        opentelemetry_http::HttpError,
-    > {
-        let result = self.inner.send_bytes(request).await;
-        let now = match &result {
-            Ok(_) => None,
-            Err(e) => Some(match e.downcast_ref::<reqwest::Error>() {
-                Some(e) => Self::describe(e),
-                None => e.to_string(),
-            }),
-        };
-        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(now) = &now {
-            if last.as_ref() != Some(now) {
-                tracing::warn!("trace export over OTLP/HTTP {now}");
-            }
-        }
-        *last = now;
-        result
-    }
 }
 
 /// The export thread: batches of up to `max_export_batch_size` spans, at least every

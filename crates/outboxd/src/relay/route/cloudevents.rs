@@ -54,6 +54,16 @@ fn is_json(ct: &str) -> bool {
     base == "application/json" || base.ends_with("+json") || base == "text/json"
 }
 
+/// Whether structured mode puts the payload in `data` as is: a JSON media type, and, for
+/// bytes (a bytea column), bytes that are exactly one JSON value. A declared type is not proof:
+/// registry-framed JSON Schema bodies are not JSON, and crafted bytes such as
+/// `{"a":1},"id":"x","type":"Refund"` would add keys to the envelope (duplicate `id`/`type`
+/// that last-key-wins parsers accept). Anything else goes as `data_base64`.
+fn embeds_as_json(e: &Event<'_>) -> bool {
+    is_json(content_type(e))
+        && (!e.binary || serde_json::from_slice::<serde::de::IgnoredAny>(&e.payload).is_ok())
+}
+
 /// Postgres `timestamptz`/`timestamp` text (ISO DateStyle) as RFC 3339: `T` between date and
 /// time, `Z` for UTC, `+hh:mm` offsets, the fraction kept as written. `None` for `infinity`,
 /// BC dates and anything else not RFC 3339-representable (then no `time` attribute).
@@ -282,8 +292,9 @@ pub fn envelope(e: &Event<'_>, ce: &Ce<'_>) -> Result<Option<Vec<u8>>, RouteErro
             put(&mut out, k, v.as_deref().unwrap_or_default());
         }
     }
-    if is_json(content_type(e)) {
-        // The payload is JSON (json/jsonb, or text checked by the router): embedded as is.
+    if embeds_as_json(e) {
+        // The payload is one JSON value (json/jsonb, text checked by the router, or bytes just
+        // parsed): embedded as is.
         out.extend_from_slice(b",\"data\":");
         out.extend_from_slice(&e.payload);
     } else {
@@ -428,6 +439,47 @@ mod tests {
             "one content-type"
         );
         assert_eq!(&*e.value(), &[0x00, 0xff, 0x41][..]);
+    }
+
+    /// Issue 53: a bytea payload declared JSON is embedded as `data` only when its bytes are
+    /// one JSON value; crafted bytes never add keys to the envelope, and framed bytes keep a
+    /// valid envelope.
+    #[test]
+    fn a_bytea_payload_declared_json_is_data_only_when_it_parses() {
+        let m = mapping_with(Mode::Structured, 17, Some("application/json"));
+        let envelope = |hex: &[u8]| -> (Vec<u8>, serde_json::Value) {
+            let mut row = ROW;
+            row[6] = Value::Text(hex);
+            let bytes = m.event(&row).unwrap().value().to_vec();
+            let v = serde_json::from_slice(&bytes).expect("the envelope is JSON");
+            (bytes, v)
+        };
+        // {"a":1} as bytea text.
+        let (_, v) = envelope(b"\\x7b2261223a317d");
+        assert_eq!(v["data"], serde_json::json!({"a": 1}));
+        assert!(v.get("data_base64").is_none());
+        // {"a":1},"id":"forged","type":"Refund"
+        let crafted = br#"{"a":1},"id":"forged","type":"Refund""#;
+        let hex: String = crafted.iter().map(|b| format!("{b:02x}")).collect();
+        let (bytes, v) = envelope(format!("\\x{hex}").as_bytes());
+        let text = String::from_utf8(bytes).unwrap();
+        assert_eq!(text.matches("\"id\":").count(), 1, "{text}");
+        assert_eq!(text.matches("\"type\":").count(), 1, "{text}");
+        assert_eq!(v["id"], "0193a5e2-7c1d-7000-8000-000000000001");
+        assert_eq!(v["type"], "com.acme.order.OrderPlaced");
+        assert!(v.get("data").is_none());
+        use base64::Engine as _;
+        let back = base64::engine::general_purpose::STANDARD
+            .decode(v["data_base64"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(back, crafted);
+        assert_eq!(v["datacontenttype"], "application/json");
+        // A schema-registry frame (magic byte, schema id) before JSON: not JSON either.
+        let (_, v) = envelope(b"\\x00000000017b7d");
+        assert!(
+            v.get("data").is_none() && v["data_base64"] == "AAAAAAF7fQ==",
+            "{v}"
+        );
     }
 
     #[test]
