@@ -55,16 +55,19 @@
 //!   write lock on the table now has ended (pg_locks: every straddler holds RowExclusiveLock
 //!   since its first row), then read the whole table under one snapshot and republish every
 //!   row through the session's stages (the recovery path: same router, parking, records), in
-//!   per-aggregate version order, before the stream starts. Before that, the table's
-//!   statistics must show that it still holds every row written to it ([`owed::proven_whole`]:
-//!   no delete, no more inserts than rows): an application that deletes its outbox rows
+//!   per-aggregate version order. The session streams meanwhile and holds the table's
+//!   streamed events until its rows are handed over (`crate::supervisor::joining`, issue 56;
+//!   before, nothing streamed until every debt was paid). Before that, the table's
+//!   statistics must show that no row was deleted from it ([`owed::proven_whole`], one settle
+//!   for every table the session owes): an application that deletes its outbox rows
 //!   (Debezium's insert-then-delete) leaves nothing to republish, and the relay stops naming
 //!   the table and the fix instead of recording it as joined on a guess. The snapshot sees every row the
 //!   stream lacks: those committed before the join, and the straddlers' (they committed
 //!   before it was taken). It may see rows the stream also delivers (committed after the
-//!   join): duplicates with their own `event_id`, after the republished ones, so the first
-//!   copies are in order. No lock is taken, so no write is blocked.
-//! - then the table is recorded. A crash before that republishes it again (duplicates only).
+//!   join, held meanwhile): duplicates with their own `event_id`, after the republished ones,
+//!   so the first copies are in order. No lock is taken, so no write is blocked.
+//! - then, once all of it is acknowledged, the table is recorded. A crash before that
+//!   republishes it again (duplicates only).
 //!
 //! The first session that finds no record records the tables published then without
 //! republishing them: what was streamed before this version stays as it was.
