@@ -207,6 +207,22 @@ impl Outboxes {
         let Some(t) = cfg.with_discovered(&found).tables().pop() else {
             return Ok(None);
         };
+        self.push_table(&t)?;
+        self.on_relation(rel)?;
+        Ok(Some(t))
+    }
+
+    /// Relation `oid` is read as the table labelled `label` whatever its name says (a table
+    /// renamed since it joined; issue 56).
+    pub fn alias(&mut self, oid: u32, label: &str) {
+        if let Some(i) = self.tables.iter().position(|t| &*t.label == label) {
+            self.partitions.insert(oid, i);
+        }
+    }
+
+    /// A table joins the session's tables (its Relation message, when one comes, maps by its
+    /// name); returns its index.
+    pub fn push_table(&mut self, t: &OutboxTable) -> Result<usize, RelayError> {
         self.tables.push(Outbox {
             schema: t.schema.clone(),
             name: t.name.clone(),
@@ -216,8 +232,7 @@ impl Outboxes {
             tagged: self.tagged,
             validates: t.validation.schema_dir.is_some(),
         });
-        self.on_relation(rel)?;
-        Ok(Some(t))
+        Ok(self.tables.len() - 1)
     }
 
     /// A partition whose root left the relayed set while rows it committed as a partition wait
@@ -249,16 +264,8 @@ impl Outboxes {
         let Some(t) = cfg.with_discovered(&found).tables().pop() else {
             return Ok(Orphan::NotOne);
         };
-        self.tables.push(Outbox {
-            schema: t.schema.clone(),
-            name: t.name.clone(),
-            names: t.columns.resolve()?,
-            topic: TopicTemplate::parse(&t.topic)?,
-            label: Arc::from(t.label()),
-            tagged: self.tagged,
-            validates: t.validation.schema_dir.is_some(),
-        });
-        self.partitions.insert(rel.id, self.tables.len() - 1);
+        let i = self.push_table(&t)?;
+        self.partitions.insert(rel.id, i);
         self.on_relation(rel)?;
         Ok(Orphan::Adopted(Box::new(t)))
     }

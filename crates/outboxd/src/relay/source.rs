@@ -81,6 +81,13 @@ pub async fn preflight_opt(
             )
             .await?;
         let (schema, table) = (&t.schema, &t.name);
+        if !row.get::<_, bool>(0) && t.discovered.is_some() {
+            // A pattern's table renamed or dropped since this session resolved the patterns:
+            // the next session resolves them again (issue 56: this stopped the relay).
+            return Err(RelayError::TablesChanged(format!(
+                "outbox table {schema}.{table} no longer exists"
+            )));
+        }
         if !row.get::<_, bool>(0) {
             return Err(RelayError::Setup(format!(
                 "outbox table {schema}.{table} does not exist: run `outboxd init --config FILE` \

@@ -255,20 +255,9 @@ pub async fn prepare(
     // from before it, or statistics showing no row ever left): per table, since one table's
     // rows vouch for nothing in another. The operator's `recover` is their explicit choice.
     if !manual {
-        for t in &tables {
-            let names = t.columns.resolve()?;
-            if let Some(why) = crate::slot::vouch::why_not(
-                sql,
-                &t.schema,
-                &t.name,
-                &gap,
-                loss.mark,
-                names.created_at.as_deref(),
-            )
-            .await?
-            {
-                return Err(refusal(cfg, sql, loss, &why).await);
-            }
+        let why = crate::slot::vouch::all(cfg, sql, &tables, &gap, loss.mark).await?;
+        if let Some(why) = why {
+            return Err(refusal(cfg, sql, loss, &why).await);
         }
     }
     slot_state::begin_recovery(sql, &cfg.source.slot, identity, &gap, label).await?;
@@ -327,11 +316,21 @@ pub async fn prepare(
         }
         None => None,
     };
+    // A table not joined yet (it came into the relayed set during the gap: moved, renamed,
+    // created with rows) is read whole, in version order: its join would republish its older
+    // rows after the gap's, out of order (issue 56).
+    let joined = slot_state::joined(sql, &cfg.source.slot)
+        .await
+        .ok()
+        .flatten();
     let mut rest = std::collections::VecDeque::new();
     for table in tables {
         let names = table.columns.resolve()?;
-        let filter = gap::filter(&reader, &gap, names.created_at.as_deref()).await?;
         let (relation, _) = table_reader::relation_of(&table, &reader).await?;
+        let filter = match &joined {
+            Some(j) if !j.contains(&relation.id) => "TRUE".to_string(),
+            _ => gap::filter(&reader, &gap, names.created_at.as_deref()).await?,
+        };
         let order = version_order(&names, &reader, &relation).await?;
         rest.push_back(TableGap {
             table,

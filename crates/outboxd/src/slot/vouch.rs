@@ -20,11 +20,52 @@
 //! Before this check ran only with `created_at` mapped and never for an interrupted (or
 //! publication-owed) gap: a Debezium-preset table lost its whole gap silently.
 
+use crate::config::tables::OutboxTable;
+use crate::config::Config;
 use crate::error::RelayError;
 use crate::model::sql::quote_ident;
 use crate::slot::gap::{self, Gap};
 use chrono::{DateTime, Utc};
 use tokio_postgres::Client;
+
+/// Every automatic recovery asks this before it touches the slot: a table that joined and
+/// left during the gap ([`joined_and_left`]), then each table in turn ([`why_not`]; one
+/// table's rows vouch for nothing in another). `Some` says why the gap cannot be re-read.
+pub async fn all(
+    cfg: &Config,
+    sql: &Client,
+    tables: &[OutboxTable],
+    gap: &Gap,
+    mark: Option<DateTime<Utc>>,
+) -> Result<Option<String>, RelayError> {
+    let mut oids = Vec::new();
+    for t in tables {
+        let name = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
+        let oid: Option<u32> = sql
+            .query_one("SELECT to_regclass($1)::oid", &[&name])
+            .await?
+            .get(0);
+        oids.extend(oid);
+    }
+    if let Some(why) = joined_and_left(sql, &cfg.source.publication, gap, &oids).await? {
+        return Ok(Some(why));
+    }
+    for t in tables {
+        let names = t.columns.resolve()?;
+        let why = why_not(
+            sql,
+            &t.schema,
+            &t.name,
+            gap,
+            mark,
+            names.created_at.as_deref(),
+        );
+        if let Some(why) = why.await? {
+            return Ok(Some(why));
+        }
+    }
+    Ok(None)
+}
 
 /// Why `table` (schema, name) cannot vouch for `gap`, or `None` when it can.
 /// `created_at`: the mapping's column, when it has one; `mark`: the delivery mark.
@@ -95,4 +136,47 @@ pub async fn why_not(
 /// `s` as an SQL string literal.
 fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
+}
+
+/// A table that joined the publication during the gap (its `pg_publication_rel` row written
+/// by a transaction of the gap) and is not among the tables being recovered (`recovered`,
+/// oids): a tenant created or renamed into a pattern while the slot was lost, then renamed out
+/// (issue 56, found by the sequence test). Its rows of the gap were in the lost slot, and which
+/// mapping they went by is not known any more: `Some` names it, and the relay stops rather than
+/// finish the recovery without them. outboxd's own tables are no outboxes. (A publication
+/// `FOR ALL TABLES` has no such rows: nothing to see.)
+pub async fn joined_and_left(
+    sql: &Client,
+    publication: &str,
+    gap: &Gap,
+    recovered: &[u32],
+) -> Result<Option<String>, RelayError> {
+    let Some(x) = gap.from_xid else {
+        return Ok(None);
+    };
+    let next = gap::next_xid(sql).await?;
+    let Some(older) = gap::older_than(x, next) else {
+        return Ok(None);
+    };
+    let q = format!(
+        "SELECT n.nspname::text || '.' || c.relname::text FROM pg_publication_rel o \
+         JOIN pg_publication p ON p.oid = o.prpubid JOIN pg_class c ON c.oid = o.prrelid \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE p.pubname = $1 AND NOT ({older}) AND NOT (c.oid = ANY($2)) \
+           AND c.relname NOT LIKE 'outbox\\_parked%' AND c.relname NOT LIKE 'outboxd\\_%' \
+         ORDER BY 1"
+    );
+    let rows = sql.query(&q, &[&publication, &recovered]).await?;
+    if rows.is_empty() {
+        return Ok(None);
+    }
+    let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    Ok(Some(format!(
+        "table(s) {} joined the publication during the gap and are not relayed now (renamed \
+         or moved out of the pattern?): their rows of the gap were only in the lost slot, under \
+         a mapping outboxd cannot know any more. Publish them from the table yourself if they \
+         are outbox rows (outboxd replay with a configuration that lists the table), or take \
+         the table out of the publication if it is none; then outboxd recover --config FILE",
+        names.join(", ")
+    )))
 }

@@ -9,78 +9,125 @@
 //! acknowledged. A crash at any point loses nothing: held events were never acknowledged, and
 //! an unrecorded table is owed again by the next session (duplicates only).
 
+use crate::config::tables::OutboxTable;
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::relay::ack::Seq;
+use crate::relay::kafka::Producer;
+use crate::relay::source::sql_bounded;
 use crate::relay::stages::Stages;
 use crate::slot::join::{self, Debt, Out};
 use std::future::Future;
 use std::pin::Pin;
+use std::task::Poll;
 use tokio::sync::watch;
 
 type Settle = Pin<Box<dyn Future<Output = Result<bool, RelayError>> + Send>>;
 
+/// Debts waiting for one settle.
+struct Batch {
+    debts: Vec<Debt>,
+    settle: Settle,
+}
+
 /// See the module docs. One per session.
 #[derive(Default)]
 pub struct Joining {
-    /// Debts waiting for the settle.
-    waiting: Vec<Debt>,
-    settle: Option<Settle>,
+    batches: Vec<Batch>,
     /// Debts whose rows and held events were handed over: recorded once every event before
     /// their end is acknowledged.
     fed: Vec<(Seq, Debt)>,
+    /// Tables taken into the running session (`schema.table`).
+    known: Vec<String>,
 }
 
 impl Joining {
-    /// Holds the debts' tables and starts their settle.
+    /// Holds the debts' tables (found at the session's start) and starts their settle.
     pub fn start(
         cfg: &Config,
         st: &mut Stages,
         debts: Vec<Debt>,
         shutdown: &watch::Receiver<bool>,
     ) -> Self {
-        if debts.is_empty() {
-            return Self::default();
-        }
+        let mut j = Self::default();
         for d in &debts {
             st.hold(&d.label());
+        }
+        j.settle(cfg, debts, shutdown);
+        j
+    }
+
+    fn settle(&mut self, cfg: &Config, debts: Vec<Debt>, shutdown: &watch::Receiver<bool>) {
+        if debts.is_empty() {
+            return;
         }
         let labels: Vec<String> = debts.iter().map(Debt::label).collect();
         tracing::warn!(tables = %labels.join(", "), "tables joined the publication after they held rows: streaming on while their rows are proven whole and republished (their own streamed events wait behind them)");
         let settle = join::settle(cfg.clone(), debts.clone(), shutdown.clone());
-        Self {
-            waiting: debts,
-            settle: Some(Box::pin(settle)),
-            fed: Vec::new(),
+        self.batches.push(Batch {
+            debts,
+            settle: Box::pin(settle),
+        });
+    }
+
+    /// A table that joined while the session streams, taken in by the stages (its events
+    /// held): released at once when it is owed nothing, otherwise paid like the others.
+    pub async fn arrive(
+        &mut self,
+        cfg: &Config,
+        st: &mut Stages,
+        producer: &Producer,
+        t: OutboxTable,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Result<(), RelayError> {
+        let label = t.label();
+        self.known.push(label.clone());
+        match sql_bounded(join::assess(cfg, st.sql(), &t)).await? {
+            None => {
+                for (seq, rec) in st.release(&label) {
+                    producer.send_held(&rec, seq).await;
+                }
+            }
+            Some(debt) => self.settle(cfg, vec![debt], shutdown),
         }
+        Ok(())
+    }
+
+    /// The tables taken into the running session.
+    pub fn known(&self) -> &[String] {
+        &self.known
     }
 
     /// Is a settle running?
     pub fn settling(&self) -> bool {
-        self.settle.is_some()
+        !self.batches.is_empty()
     }
 
-    /// Resolves when the settle finished (never when none runs): `Ok(false)` on shutdown.
-    pub async fn settled(&mut self) -> Result<bool, RelayError> {
-        match self.settle.as_mut() {
-            Some(f) => {
-                let r = f.await;
-                self.settle = None;
-                r
+    /// Resolves when a settle finished (never when none runs), with its batch: `Ok(false)` on
+    /// shutdown.
+    pub async fn settled(&mut self) -> (usize, Result<bool, RelayError>) {
+        std::future::poll_fn(|cx| {
+            for (i, b) in self.batches.iter_mut().enumerate() {
+                if let Poll::Ready(r) = b.settle.as_mut().poll(cx) {
+                    return Poll::Ready((i, r));
+                }
             }
-            None => std::future::pending().await,
-        }
+            Poll::Pending
+        })
+        .await
     }
 
-    /// After the settle, between transactions: each table's rows, then its held events, at
-    /// `lsn` (at or below anything in flight). `Ok(false)`: shutdown first.
+    /// After batch `i`'s settle, between transactions: each table's rows, then its held
+    /// events, at `lsn` (at or below anything in flight). `Ok(false)`: shutdown first.
     pub async fn pay(
         &mut self,
+        i: usize,
         cfg: &Config,
         out: &mut Out<'_>,
         lsn: u64,
     ) -> Result<bool, RelayError> {
-        for d in std::mem::take(&mut self.waiting) {
+        let batch = self.batches.remove(i);
+        for d in batch.debts {
             // No stream event is read meanwhile: the rows go out unheld, the held ones after.
             let held = out.st.release(&d.label());
             let Some(end) = join::feed(cfg, out, lsn, &d).await? else {

@@ -280,10 +280,10 @@ pub async fn run_session_as(
                 _ = shutdown.changed() => return Ok(()),
                 e = holder.lost() => return Err(e),
                 // Joining tables proven whole: their rows, then what was held of them.
-                r = joining.settled(), if joining.settling() && !st.in_flight().in_transaction() => {
+                (i, r) = joining.settled(), if joining.settling() && !st.in_flight().in_transaction() => {
                     let lsn = st.confirmable();
                     let mut out = Out { st: &mut st, producer: &producer, acks: &mut acks, shutdown };
-                    if r? && !joining.pay(cfg, &mut out, lsn).await? {
+                    if r? && !joining.pay(i, cfg, &mut out, lsn).await? {
                         return Ok(());
                     }
                 }
@@ -302,7 +302,12 @@ pub async fn run_session_as(
                     // Events read before a freeze are not produced by a fenced instance.
                     holder.check_after_gap(cfg, st.slot_sql()).await?;
                     match ev? {
-                        Some(ev) => st.on_event(ev, &producer).await?,
+                        Some(ev) => {
+                            st.on_event(ev, &producer).await?;
+                            for t in st.take_arrived() {
+                                joining.arrive(cfg, &mut st, &producer, t, shutdown).await?;
+                            }
+                        }
                         None => return Err(RelayError::Replication("stream ended".into())),
                     }
                     stream.settle(st.in_flight().in_transaction());
@@ -312,15 +317,21 @@ pub async fn run_session_as(
                     sql_bounded(st.obs_tick(room)).await?;
                     if Instant::now() >= next_state {
                         next_state = Instant::now() + state_every;
+                        // Tables that joined: into this session, not a new one.
+                        let new = crate::slot::join::newcomers(cfg, st.sql(), joining.known());
+                        for t in sql_bounded(new).await? {
+                            st.join_table(&t)?;
+                            joining.arrive(cfg, &mut st, &producer, t, shutdown).await?;
+                        }
                         // A pattern's table dropped is no publication change: first.
-                        let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused, &identities);
+                        let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused, &identities, joining.known());
                         if let Some(what) = sql_bounded(changed).await? {
                             return Err(RelayError::TablesChanged(what));
                         }
                         // Before a probe may be adopted: never past a change of the publication.
                         if !sql_bounded(publication::covered(cfg, st.sql())).await? {
                             // Nor one dropped between the two checks.
-                            let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused, &identities);
+                            let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused, &identities, joining.known());
                             if let Some(what) = sql_bounded(changed).await? {
                                 return Err(RelayError::TablesChanged(what));
                             }

@@ -105,10 +105,12 @@ use std::collections::BTreeMap;
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::Client;
 
+mod arrive;
 mod owed;
 pub(crate) mod partitions;
 mod pay;
 
+pub use arrive::{assess, newcomers};
 pub use pay::{feed, record, settle, Debt};
 mod trigger;
 
@@ -307,6 +309,7 @@ pub async fn changed(
     sql: &Client,
     refused: &mut Vec<String>,
     at_start: &[Option<u32>],
+    known: &[String],
 ) -> Result<Option<String>, RelayError> {
     if let Some(what) = partitions::attached(cfg, sql).await? {
         return Ok(Some(what));
@@ -332,6 +335,9 @@ pub async fn changed(
     }
     for f in discover(cfg, sql).await? {
         let label = format!("{}.{}", f.schema, f.table);
+        if known.contains(&label) {
+            continue;
+        }
         if f.published {
             return Ok(Some(format!("outbox table {label} joined the publication")));
         }

@@ -121,7 +121,13 @@ pub async fn feed(
     lsn: u64,
     d: &Debt,
 ) -> Result<Option<Seq>, RelayError> {
-    let t = &d.table;
+    // By identity: the table may have been renamed since it joined (even out of the pattern):
+    // its rows are read where it is now and relayed as the table that joined (issue 56).
+    let current = wherever(out.st.sql(), d).await?;
+    if current.label() != d.table.label() {
+        out.st.alias(d.rels[0], &d.table.label());
+    }
+    let t = &current;
     // The synthetic transactions' commit time: the delivery mark as it is (the stream may
     // be behind the join, so nothing newer is proven delivered by this).
     let mark = slot_state::load(out.st.sql(), &cfg.source.slot)
@@ -152,6 +158,42 @@ pub async fn feed(
         return Ok(None);
     }
     r.client().batch_execute("COMMIT").await?;
-    tracing::warn!(table = %t.label(), events = r.sent(), "republished the rows the table held when it joined the publication (its streamed events follow them)");
+    tracing::warn!(table = %d.table.label(), events = r.sent(), "republished the rows the table held when it joined the publication (its streamed events follow them)");
     Ok(Some(out.st.in_flight().next_seq()))
+}
+
+/// The debt's table where it is now: renamed or moved since it joined, its current name, and
+/// the stages map that relation (by oid) to the table that joined. Dropped: its rows exist
+/// nowhere the relay can read, and the relay stops naming it rather than run past them.
+async fn wherever(sql: &Client, d: &Debt) -> Result<OutboxTable, RelayError> {
+    if d.filter != "TRUE" {
+        return Ok(d.table.clone()); // a partition's debt, read through its root
+    }
+    let oid = d.rels[0];
+    let row = sql
+        .query_opt(
+            "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+            &[&oid],
+        )
+        .await?;
+    let Some(row) = row else {
+        return Err(RelayError::Setup(format!(
+            "outbox table {} joined the relayed set holding rows that were never streamed, \
+             and was dropped before they were republished: they exist nowhere the relay can \
+             read. Re-emit them from the application if they matter, then start the relay \
+             again",
+            d.table.label()
+        )));
+    };
+    let (schema, name): (String, String) = (row.get(0), row.get(1));
+    if (schema.as_str(), name.as_str()) == (d.table.schema.as_str(), d.table.name.as_str()) {
+        return Ok(d.table.clone());
+    }
+    tracing::warn!(table = %d.table.label(), now = %format!("{schema}.{name}"), "the table that joined owing rows was renamed since: reading them where it is now");
+    Ok(OutboxTable {
+        schema,
+        name,
+        ..d.table.clone()
+    })
 }

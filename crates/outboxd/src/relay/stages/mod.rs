@@ -6,28 +6,30 @@
 //! - [`PoisonHandler`]: parking, holding behind a parked event, releasing repaired ones;
 //! - [`Watch`]: what is observed and reported (gauges, heartbeats, stalls, the status row).
 
+use crate::config::tables::OutboxTable;
 use crate::error::RelayError;
 use crate::fail;
 use crate::model::publication;
 use crate::obs::watch::{View, Watch};
 use crate::obs::Observed;
 use crate::poison::store::ParkedRecord;
-use crate::relay::ack::Seq;
 use crate::relay::held::Held;
 use crate::relay::in_flight::InFlight;
 use crate::relay::kafka::{Ack, Origin, Producer, Verdict};
 use crate::relay::lsn::PG_EPOCH_US;
-use crate::relay::outboxes::{Lookup, Orphan, Outboxes};
+use crate::relay::outboxes::{Lookup, Outboxes};
 use crate::relay::park::PoisonHandler;
 use crate::relay::pgoutput::{self, Message, Value};
 use crate::relay::route::Event;
 use crate::relay::slot_host::{ReplayFence, SlotHost};
-use crate::relay::source::{in_publication, sql_bounded};
+use crate::relay::source::sql_bounded;
 use pgwire_replication::ReplicationEvent;
 use std::sync::Arc;
 use tokio_postgres::Client;
 
 /// See the module docs. One per session; the session calls its methods, never its fields.
+mod relations;
+
 pub struct Stages {
     slot: String,
     /// Its changes end the session ([`publication::concerns`]).
@@ -55,6 +57,8 @@ pub struct Stages {
     shadow_topic: String,
     /// Events of tables catching up, kept in stream order ([`crate::relay::held`]).
     held: Held,
+    /// Tables that joined while the session streamed, for the session to assess (`relations`).
+    arrived: Vec<OutboxTable>,
 }
 
 impl Stages {
@@ -117,6 +121,7 @@ impl Stages {
             shadow,
             shadow_topic: String::new(),
             held: Held::default(),
+            arrived: Vec::new(),
         })
     }
 
@@ -127,22 +132,6 @@ impl Stages {
 
     pub fn in_flight(&self) -> &InFlight {
         &self.in_flight
-    }
-
-    /// Holds `label`'s streamed events until [`Stages::release`] ([`Held`]).
-    pub fn hold(&mut self, label: &str) -> bool {
-        self.held.hold_label(&self.outboxes.labels(), label)
-    }
-
-    /// Stops holding `label` and hands over what was held of it, to be sent under their
-    /// positions (`Producer::send_held`) after its republished rows.
-    pub fn release(&mut self, label: &str) -> Vec<(Seq, ParkedRecord)> {
-        self.held.release_label(&self.outboxes.labels(), label)
-    }
-
-    /// Events held ([`Held`]).
-    pub fn held(&self) -> usize {
-        self.held.len()
     }
 
     /// The position to confirm to the slot: what the broker acknowledged, held back before an
@@ -320,21 +309,7 @@ impl Stages {
 
     async fn on_data(&mut self, data: &[u8], producer: &Producer) -> Result<(), RelayError> {
         match pgoutput::decode(data)? {
-            Message::Relation(rel) => match self.outboxes.adopt_orphan(&rel)? {
-                Orphan::Adopted(t) => self.poison.add_table(&t)?,
-                Orphan::Mapped => {}
-                Orphan::NotOne => match self.outboxes.on_relation(&rel) {
-                    Err(RelayError::TablesChanged(t))
-                        if !in_publication(&self.sql, &self.publication, &rel).await? =>
-                    {
-                        tracing::warn!(table = %t, "relaying what the stream holds of a table the pattern matches that is no longer in the publication (dropped, or removed from it)");
-                        if let Some(t) = self.outboxes.adopt(&rel)? {
-                            self.poison.add_table(&t)?;
-                        }
-                    }
-                    r => r?,
-                },
-            },
+            Message::Relation(rel) => self.on_relation(&rel).await?,
             Message::Insert { rel, tuple } => match self.outboxes.lookup(rel) {
                 Lookup::Outbox(..) => self.on_outbox_row(rel, tuple, producer).await?,
                 Lookup::Other => self.ignore(),

@@ -1,0 +1,79 @@
+//! Tables that join while a session streams (issue 56): found by a state write
+//! ([`newcomers`]) or by their Relation message, taken into the running session, and assessed
+//! ([`assess`]): owed nothing (born in the publication) or a debt the session pays while it
+//! streams (`crate::supervisor::joining`).
+
+use super::owed::{self, Owed};
+use super::{discover, oid_of, partitions, unreadable, Debt};
+use crate::config::tables::OutboxTable;
+use crate::config::Config;
+use crate::error::RelayError;
+use crate::slot::state as slot_state;
+use tokio_postgres::Client;
+
+/// While a session streams: the plain tables a pattern matches that joined the publication
+/// and are not the session's yet (nor among `known`, those it took in already), to take into
+/// the running session ([`assess`]). Partitioned ones are left to [`changed`] (a new session
+/// resolves their partitions).
+pub async fn newcomers(
+    cfg: &Config,
+    sql: &Client,
+    known: &[String],
+) -> Result<Vec<OutboxTable>, RelayError> {
+    if !cfg.has_patterns() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for f in discover(cfg, sql).await? {
+        let label = format!("{}.{}", f.schema, f.table);
+        if !f.published || known.contains(&label) {
+            continue;
+        }
+        let found = [(f.schema, f.table, f.entry)];
+        let Some(t) = cfg.with_discovered(&found).tables().pop() else {
+            continue;
+        };
+        let plain: bool = sql
+            .query_one(
+                "SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass($1)",
+                &[&partitions::qualified(&t)],
+            )
+            .await?
+            .get(0);
+        if plain {
+            out.push(t);
+        }
+    }
+    Ok(out)
+}
+
+/// What a table that joined the running session is owed: `None` when it was born in the
+/// publication (recorded as joined now), or was recorded before; otherwise its debt.
+pub async fn assess(
+    cfg: &Config,
+    sql: &Client,
+    t: &OutboxTable,
+) -> Result<Option<Debt>, RelayError> {
+    let oid = oid_of(sql, t).await?;
+    let joined = slot_state::joined(sql, &cfg.source.slot).await?;
+    if joined.as_ref().is_some_and(|j| j.contains(&oid)) {
+        return Ok(None);
+    }
+    let via_root = partitions::via_root(cfg, sql).await?.unwrap_or(true);
+    let qualified = partitions::qualified(t);
+    let owed = owed::table(cfg, sql, oid, &qualified, t.discovered.is_some(), via_root)
+        .await
+        .map_err(|e| unreadable(t, e))?;
+    if owed == Owed::Nothing {
+        tracing::info!(table = %t.label(), "a table joined the publication when it was created: streamed from its first row, taken into the running session");
+        slot_state::add_joined(sql, &cfg.source.slot, &[oid]).await?;
+        return Ok(None);
+    }
+    tracing::warn!(table = %t.label(), "the table joined the publication after it held rows: republishing every row it holds (duplicates of rows the stream also delivers carry the same event_id)");
+    Ok(Some(Debt {
+        table: t.clone(),
+        rels: vec![oid],
+        filter: "TRUE".into(),
+        done: vec![oid],
+    }))
+}
