@@ -96,6 +96,25 @@ DROP TRIGGER IF EXISTS outbox_parked_audit_guard ON public.outbox_parked_audit;
 CREATE TRIGGER outbox_parked_audit_guard BEFORE INSERT OR UPDATE OR DELETE ON public.outbox_parked_audit
     FOR EACH ROW EXECUTE FUNCTION public.outbox_parked_audit_guard();
 
+-- Issue 53: the ledger of every event ever parked or held, per slot, written by the guard
+-- alone (it runs as the tables' owner; no role of sql/roles.sql may write or delete here). A
+-- row of outbox_parked that was deleted (by a role with DELETE) cannot come back: the guard
+-- refuses an INSERT of an event the ledger knows unless its row is still there (a replayed
+-- park, which ON CONFLICT turns into an attempt). So a delivered or discarded event is never
+-- re-inserted as `blocked` and released again, tag or no tag.
+CREATE TABLE IF NOT EXISTS public.outbox_parked_ledger (
+    slot      text        NOT NULL,
+    event_id  text        NOT NULL,
+    parked_id bigint      NOT NULL,                        -- outbox_parked.id it was given
+    db_user   text        NOT NULL DEFAULT session_user,
+    at        timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (slot, event_id)
+);
+REVOKE ALL ON public.outbox_parked_ledger FROM PUBLIC;
+-- Upgrades: what is parked now was parked (rows deleted before this version are unknown).
+INSERT INTO public.outbox_parked_ledger (slot, event_id, parked_id)
+    SELECT slot, event_id, id FROM public.outbox_parked ON CONFLICT DO NOTHING;
+
 -- What was parked never changes; the state moves only as the relay and the repair commands
 -- move it:
 --   (new)              -> parked | blocked   blocked only behind an open head of its aggregate
@@ -111,8 +130,13 @@ CREATE TRIGGER outbox_parked_audit_guard BEFORE INSERT OR UPDATE OR DELETE ON pu
 -- of the same aggregate hold each other when their tables are the same or either has none, so
 -- a one-table relay's rows hold as before, and rows parked before a relay listed several
 -- tables (no header: which table is unknown) hold their aggregate in every table.
+--
+-- Issue 53: a new row's `id` (its place in release order) is the sequence's, taken here
+-- whatever the INSERT supplied (the relay role has no INSERT grant on the column either): no
+-- negative id, no id ahead of its head. The guard runs as the tables' owner (SECURITY
+-- DEFINER) to write the ledger above, which the relay role cannot.
 CREATE OR REPLACE FUNCTION public.outbox_parked_guard() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     -- NEW's table (the record is frozen below, so an UPDATE's is OLD's).
     row_table text := jsonb_path_query_first(NEW.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1;
@@ -130,6 +154,16 @@ BEGIN
                   AND (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table))) THEN
             RAISE EXCEPTION 'outbox_parked: event % is held behind %, which is no open parked event of its aggregate in its table',
                 NEW.event_id, NEW.blocked_by;
+        END IF;
+        NEW.id := nextval('public.outbox_parked_id_seq');
+        IF NOT EXISTS (SELECT 1 FROM public.outbox_parked p
+                       WHERE p.slot = NEW.slot AND p.event_id = NEW.event_id) THEN
+            INSERT INTO public.outbox_parked_ledger (slot, event_id, parked_id)
+                VALUES (NEW.slot, NEW.event_id, NEW.id) ON CONFLICT DO NOTHING;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'outbox_parked: event % was parked for slot % before and its row is gone (deleted): an event is parked once, and never released again',
+                    NEW.event_id, NEW.slot;
+            END IF;
         END IF;
         NEW.attempts := 1;
         NEW.first_seen := now();

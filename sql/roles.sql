@@ -22,7 +22,9 @@
 --                  never changes after it is parked; a held (blocked) event is published only
 --                  when its copy matches its row in the outbox table; a retry or discard needs
 --                  an audit row, which only the repair role writes, in the same transaction;
---                  delivered and discarded are final. It cannot claim progress that is not
+--                  delivered and discarded are final; it cannot choose a parked row's id
+--                  (the guard takes it from the sequence) nor re-insert an event ever parked
+--                  (the guard's ledger, issue 53). It cannot claim progress that is not
 --                  possible (a delivery mark in the future, a transaction id not yet assigned,
 --                  a position past the end of the WAL).
 --                  It CAN, through REPLICATION: read the WAL of the published tables (every
@@ -64,7 +66,14 @@ DO $$ BEGIN EXECUTE format('GRANT CREATE ON DATABASE %I TO outboxd_admin', curre
 -- The relay: read the outbox (recovery), write its own tables, emit heartbeats.
 GRANT USAGE ON SCHEMA public TO outboxd_relay;
 GRANT SELECT ON public.outbox TO outboxd_relay;
-GRANT SELECT, INSERT ON public.outbox_parked TO outboxd_relay;
+-- INSERT on the columns parking writes only: never `id` (the guard takes it from the sequence)
+-- nor what the guard sets. The REVOKE turns the table-wide grant of earlier versions into this.
+REVOKE INSERT ON public.outbox_parked FROM outboxd_relay;
+GRANT SELECT ON public.outbox_parked TO outboxd_relay;
+GRANT INSERT (slot, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic,
+              record_key, payload, headers, record_ts_ms, commit_lsn, state, blocks_aggregate,
+              blocked_by, error_class, error_message, integrity_tag)
+    ON public.outbox_parked TO outboxd_relay;
 -- Only what a release or a re-park changes; the rest of a parked row is frozen by its guard.
 GRANT UPDATE (state, attempts, last_seen, resolved_at, error_class, error_message, retry_audit_id)
     ON public.outbox_parked TO outboxd_relay;

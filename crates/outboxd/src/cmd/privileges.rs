@@ -12,10 +12,33 @@ use tokio_postgres::Client;
 
 /// outboxd's own tables and the privileges the relay uses on each.
 const RELAY_TABLES: [(&str, &str); 4] = [
-    ("outbox_parked", "SELECT, INSERT"),
+    ("outbox_parked", "SELECT"),
     ("outbox_parked_audit", "SELECT"),
     ("outboxd_status", "SELECT, INSERT, UPDATE"),
     ("outboxd_slot_state", "SELECT, INSERT, UPDATE"),
+];
+
+/// The columns of `outbox_parked` the relay inserts (sql/roles.sql grants exactly these): not
+/// `id`, which the guard takes from the sequence, nor what the guard sets (issue 53).
+const PARKED_RELAY_INSERTS: [&str; 18] = [
+    "slot",
+    "event_id",
+    "aggregate_type",
+    "aggregate_id",
+    "aggregate_version",
+    "event_type",
+    "topic",
+    "record_key",
+    "payload",
+    "headers",
+    "record_ts_ms",
+    "commit_lsn",
+    "state",
+    "blocks_aggregate",
+    "blocked_by",
+    "error_class",
+    "error_message",
+    "integrity_tag",
 ];
 
 /// The columns of `outbox_parked` the relay updates (sql/roles.sql grants exactly these).
@@ -88,19 +111,24 @@ async fn lines(cfg: &Config, sql: &Client) -> Result<Vec<CheckLine>, tokio_postg
     // The columns a relay changes when it releases or re-parks an event; the rest of a parked
     // row is frozen (sql/030's guard), and sql/roles.sql grants no more.
     let parked = format!("{rs}.outbox_parked");
-    let update_ok: bool = sql
-        .query_one(
-            "SELECT coalesce(bool_and(has_column_privilege(to_regclass($1), c, 'UPDATE')), true) \
-             FROM unnest($2::text[]) c WHERE to_regclass($1) IS NOT NULL",
-            &[&parked, &PARKED_RELAY_UPDATES.to_vec()],
-        )
-        .await?
-        .get(0);
-    if !update_ok {
-        missing.push(format!(
-            "GRANT UPDATE ({}) ON {parked} TO {role_q};",
-            PARKED_RELAY_UPDATES.join(", ")
-        ));
+    for (privilege, columns) in [
+        ("INSERT", &PARKED_RELAY_INSERTS[..]),
+        ("UPDATE", &PARKED_RELAY_UPDATES[..]),
+    ] {
+        let ok: bool = sql
+            .query_one(
+                "SELECT coalesce(bool_and(has_column_privilege(to_regclass($1), c, $3)), true) \
+                 FROM unnest($2::text[]) c WHERE to_regclass($1) IS NOT NULL",
+                &[&parked, &columns.to_vec(), &privilege],
+            )
+            .await?
+            .get(0);
+        if !ok {
+            missing.push(format!(
+                "GRANT {privilege} ({}) ON {parked} TO {role_q};",
+                columns.join(", ")
+            ));
+        }
     }
     let seq = format!("{rs}.outbox_parked_id_seq");
     let seq_ok: bool = sql

@@ -109,13 +109,17 @@ pub async fn ensure_tables_per_table(sql: &Client) -> Result<(), RelayError> {
 /// Are both guard triggers (sql/030) on the tables, enabled and of this version? The parked
 /// table's guard holds aggregates per outbox table since issue 30 (its body reads the
 /// `source_table` header); an older one holds them across tables and would refuse releases
-/// that are in order, so it counts as missing and the relay replaces it.
+/// that are in order, so it counts as missing and the relay replaces it. Since issue 53 it
+/// also assigns `id` and keeps the ledger of parked events (as the owner: SECURITY DEFINER);
+/// one without would let a supplied id or a re-inserted event through.
 pub async fn guards_installed(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
         .query_one(
             "SELECT count(*) = 2 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid \
              WHERE t.tgenabled <> 'D' AND p.proconfig IS NOT NULL \
-               AND (t.tgname <> 'outbox_parked_guard' OR p.prosrc LIKE '%source_table%') \
+               AND (t.tgname <> 'outbox_parked_guard' \
+                    OR (p.prosrc LIKE '%source_table%' AND p.prosrc LIKE '%outbox_parked_ledger%' \
+                        AND p.prosecdef)) \
                AND ((t.tgrelid = to_regclass('outbox_parked') AND t.tgname = 'outbox_parked_guard') \
                  OR (t.tgrelid = to_regclass('outbox_parked_audit') AND t.tgname = 'outbox_parked_audit_guard'))",
             &[],
