@@ -402,7 +402,9 @@ async fn least_privilege_roles_are_enough_and_missing_grants_are_named() -> anyh
     assert_ne!(code, 0, "{out}");
     for grant in [
         "GRANT USAGE ON SCHEMA \"public\" TO \"outboxd_relay\"; GRANT SELECT ON \"public\".\"outbox\"",
-        "GRANT SELECT, INSERT ON \"public\".outbox_parked TO \"outboxd_relay\"",
+        "GRANT SELECT ON \"public\".outbox_parked TO \"outboxd_relay\"",
+        // Issue 53: parking inserts name their columns; `id` is the guard's, never the role's.
+        "GRANT INSERT (slot, event_id,",
         "GRANT UPDATE (state, attempts, last_seen, resolved_at, error_class, error_message, retry_audit_id) ON \"public\".outbox_parked",
         "GRANT SELECT ON \"public\".outbox_parked_audit",
         "GRANT SELECT, INSERT, UPDATE ON \"public\".outboxd_slot_state",
