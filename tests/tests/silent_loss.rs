@@ -69,6 +69,23 @@ fn found(env: &Env, topic: &str, want: &[String], wait: Duration) -> anyhow::Res
     })
 }
 
+/// The Debezium table in `env`, `init` run, a relay that delivered 5 insert-then-delete events
+/// and recorded its delivery mark.
+async fn dbz_delivering(
+    env: &Env,
+) -> anyhow::Result<(tokio_postgres::Client, outboxd::Config, Relay)> {
+    let mut c = env.sql().await?;
+    c.batch_execute(DBZ_TABLE).await?;
+    let cfg = dbz_config(env)?;
+    outboxd::init(&cfg).await?;
+    create_topics(&env.bootstrap(), &[DBZ_TOPIC], 1).await?;
+    let relay = Relay::start(cfg.clone());
+    let first = insert_then_delete(&mut c, "o-1", 5).await?;
+    assert_eq!(found(env, DBZ_TOPIC, &first, Duration::from_secs(40))?, 5);
+    env.mark_recorded().await?;
+    Ok((c, cfg, relay))
+}
+
 /// The relay's result within `wait`: `None` while it still runs.
 async fn result_within(relay: Relay, wait: Duration) -> Option<Result<(), outboxd::RelayError>> {
     let deadline = Instant::now() + wait;
@@ -89,15 +106,7 @@ async fn result_within(relay: Relay, wait: Duration) -> Option<Result<(), outbox
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleting_table_without_created_at_halts_on_a_lost_slot() -> anyhow::Result<()> {
     let env = Env::start("sq_dbz_lost").await?;
-    let mut c = env.sql().await?;
-    c.batch_execute(DBZ_TABLE).await?;
-    let cfg = dbz_config(&env)?;
-    outboxd::init(&cfg).await?;
-    create_topics(&env.bootstrap(), &[DBZ_TOPIC], 1).await?;
-    let relay = Relay::start(cfg.clone());
-    let first = insert_then_delete(&mut c, "o-1", 5).await?;
-    assert_eq!(found(&env, DBZ_TOPIC, &first, Duration::from_secs(40))?, 5);
-    env.mark_recorded().await?;
+    let (mut c, cfg, relay) = dbz_delivering(&env).await?;
     relay.shutdown().await?;
     env.drop_slot().await?;
     let gap = insert_then_delete(&mut c, "o-2", 50).await?;
@@ -131,15 +140,7 @@ async fn a_deleting_table_without_created_at_halts_on_a_lost_slot() -> anyhow::R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleting_table_that_left_the_publication_halts() -> anyhow::Result<()> {
     let env = Env::start("sq_dbz_pub").await?;
-    let mut c = env.sql().await?;
-    c.batch_execute(DBZ_TABLE).await?;
-    let cfg = dbz_config(&env)?;
-    outboxd::init(&cfg).await?;
-    create_topics(&env.bootstrap(), &[DBZ_TOPIC], 1).await?;
-    let relay = Relay::start(cfg.clone());
-    let first = insert_then_delete(&mut c, "o-1", 5).await?;
-    assert_eq!(found(&env, DBZ_TOPIC, &first, Duration::from_secs(40))?, 5);
-    env.mark_recorded().await?;
+    let (mut c, _, relay) = dbz_delivering(&env).await?;
     c.batch_execute("ALTER PUBLICATION outbox_pub DROP TABLE dbz_outbox")
         .await?;
     let gap = insert_then_delete(&mut c, "o-2", 30).await?;

@@ -187,6 +187,16 @@ impl Outboxes {
         Ok(())
     }
 
+    /// `schema.name`'s settings through the first pattern that matches it (`None`: none does).
+    fn through_pattern(&self, schema: &str, name: &str) -> Option<OutboxTable> {
+        let (entry, _) = self
+            .patterns
+            .iter()
+            .find(|(_, p)| p.matches(schema, name))?;
+        let found = [(schema.to_string(), name.to_string(), *entry)];
+        self.cfg.as_ref()?.with_discovered(&found).tables().pop()
+    }
+
     fn pattern_of(&self, rel: &Relation) -> Option<usize> {
         self.patterns
             .iter()
@@ -199,12 +209,8 @@ impl Outboxes {
     /// instead would meet the same Relation message again in the next one, forever.)
     /// Returns the table's settings (`None`: no pattern matches; read as any Relation).
     pub fn adopt(&mut self, rel: &Relation) -> Result<Option<OutboxTable>, RelayError> {
-        let (Some(i), Some(cfg)) = (self.pattern_of(rel), self.cfg.as_ref()) else {
+        let Some(t) = self.through_pattern(&rel.namespace, &rel.name) else {
             self.on_relation(rel)?;
-            return Ok(None);
-        };
-        let found = [(rel.namespace.clone(), rel.name.clone(), self.patterns[i].0)];
-        let Some(t) = cfg.with_discovered(&found).tables().pop() else {
             return Ok(None);
         };
         self.push_table(&t)?;
@@ -248,20 +254,10 @@ impl Outboxes {
             self.on_relation(rel)?;
             return Ok(Orphan::Mapped);
         }
-        let Some((schema, name)) = root.split_once('.') else {
-            return Ok(Orphan::NotOne);
-        };
-        let (Some(entry), Some(cfg)) = (
-            self.patterns
-                .iter()
-                .find(|(_, p)| p.matches(schema, name))
-                .map(|(e, _)| *e),
-            self.cfg.as_ref(),
-        ) else {
-            return Ok(Orphan::NotOne);
-        };
-        let found = [(schema.to_string(), name.to_string(), entry)];
-        let Some(t) = cfg.with_discovered(&found).tables().pop() else {
+        let Some(t) = root
+            .split_once('.')
+            .and_then(|(schema, name)| self.through_pattern(schema, name))
+        else {
             return Ok(Orphan::NotOne);
         };
         let i = self.push_table(&t)?;

@@ -364,6 +364,18 @@ pub async fn in_publication(
     sql_bounded(q).await
 }
 
+/// Is relation `oid` a plain table (not partitioned, nor gone)? Tables that join a running
+/// session must be: a partitioned one's partitions are resolved at a session's start.
+pub async fn plain_table(sql: &tokio_postgres::Client, oid: u32) -> Result<bool, RelayError> {
+    let q = async {
+        let r = sql
+            .query_opt("SELECT relkind = 'r' FROM pg_class WHERE oid = $1", &[&oid])
+            .await?;
+        Ok(r.is_some_and(|r| r.get::<_, bool>(0)))
+    };
+    sql_bounded(q).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,15 +38,11 @@ pub async fn all(
     gap: &Gap,
     mark: Option<DateTime<Utc>>,
 ) -> Result<Option<String>, RelayError> {
-    let mut oids = Vec::new();
-    for t in tables {
-        let name = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
-        let oid: Option<u32> = sql
-            .query_one("SELECT to_regclass($1)::oid", &[&name])
-            .await?
-            .get(0);
-        oids.extend(oid);
-    }
+    let oids: Vec<u32> = crate::slot::join::identities(sql, tables)
+        .await?
+        .into_iter()
+        .flatten()
+        .collect();
     if let Some(why) = joined_and_left(sql, &cfg.source.publication, gap, &oids).await? {
         return Ok(Some(why));
     }

@@ -258,7 +258,7 @@ pub async fn run_session_as(
     let pace = crate::relay::gulp::Pace::of(&cfg.relay);
     let mut joining = Joining::start(cfg, &mut st, debts, shutdown);
     // The relations this session streams, by oid: a name that comes to mean another one ends it.
-    let identities = sql_bounded(crate::slot::join::identities(cfg, st.sql())).await?;
+    let identities = sql_bounded(crate::slot::join::identities(st.sql(), &cfg.tables())).await?;
     let mut stream = Gulp::new(&mut repl, pace, producer.outstanding());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 

@@ -11,7 +11,7 @@ use crate::poison::store::ParkedRecord;
 use crate::relay::ack::Seq;
 use crate::relay::outboxes::Orphan;
 use crate::relay::pgoutput::Relation;
-use crate::relay::source::in_publication;
+use crate::relay::source::{in_publication, plain_table};
 
 impl Stages {
     pub(super) async fn on_relation(&mut self, rel: &Relation) -> Result<(), RelayError> {
@@ -32,7 +32,7 @@ impl Stages {
             }
             // A plain table that joined: taken in, held until assessed. A partitioned one
             // ends the session (its partitions are resolved at a session's start).
-            Err(RelayError::TablesChanged(t)) if self.plain(rel.id).await? => {
+            Err(RelayError::TablesChanged(t)) if plain_table(&self.sql, rel.id).await? => {
                 let Some(table) = self.outboxes.adopt(rel)? else {
                     return Err(RelayError::TablesChanged(t));
                 };
@@ -42,18 +42,6 @@ impl Stages {
             }
             r => r,
         }
-    }
-
-    /// Is relation `oid` a plain table (not partitioned)?
-    async fn plain(&self, oid: u32) -> Result<bool, RelayError> {
-        let q = async {
-            let r = self
-                .sql
-                .query_opt("SELECT relkind = 'r' FROM pg_class WHERE oid = $1", &[&oid])
-                .await?;
-            Ok(r.is_some_and(|r| r.get::<_, bool>(0)))
-        };
-        crate::relay::source::sql_bounded(q).await
     }
 
     /// `table` joins the running session (found by a state write, before any Relation message

@@ -33,15 +33,12 @@ pub async fn newcomers(
         let Some(t) = cfg.with_discovered(&found).tables().pop() else {
             continue;
         };
-        let plain: bool = sql
-            .query_one(
-                "SELECT relkind = 'r' FROM pg_class WHERE oid = to_regclass($1)",
-                &[&partitions::qualified(&t)],
-            )
-            .await?
-            .get(0);
-        if plain {
-            out.push(t);
+        // Renamed away since `discover` found it: nothing (no error, no restart).
+        let oid = super::identities(sql, std::slice::from_ref(&t)).await?[0];
+        if let Some(oid) = oid {
+            if crate::relay::source::plain_table(sql, oid).await? {
+                out.push(t);
+            }
         }
     }
     Ok(out)

@@ -179,19 +179,21 @@ pub async fn discover(cfg: &Config, sql: &Client) -> Result<Vec<Found>, RelayErr
     Ok(found.into_values().collect())
 }
 
-/// The oid each of the session's tables has now (`None`: it does not exist): the identity the
-/// session streams them under, for [`changed`].
-pub async fn identities(cfg: &Config, sql: &Client) -> Result<Vec<Option<u32>>, RelayError> {
-    let mut out = Vec::new();
-    for t in cfg.tables() {
-        let name = partitions::qualified(&t);
-        out.push(
-            sql.query_one("SELECT to_regclass($1)::oid", &[&name])
-                .await?
-                .get(0),
-        );
-    }
-    Ok(out)
+/// The oid each of `tables` has now (`None`: it does not exist), in one statement: the identity
+/// the session streams them under ([`changed`]), and what recovery asks about (slot::vouch).
+pub async fn identities(
+    sql: &Client,
+    tables: &[OutboxTable],
+) -> Result<Vec<Option<u32>>, RelayError> {
+    let names: Vec<String> = tables.iter().map(partitions::qualified).collect();
+    let rows = sql
+        .query(
+            "SELECT to_regclass(n)::oid FROM unnest($1::text[]) WITH ORDINALITY AS u(n, i) \
+             ORDER BY i",
+            &[&names],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
 /// A table of the session that is no longer the relation the session started with, by
@@ -206,12 +208,17 @@ async fn replaced(
     sql: &Client,
     at_start: &[Option<u32>],
 ) -> Result<Option<String>, RelayError> {
-    let now = identities(cfg, sql).await?;
-    for ((t, then), now) in cfg.tables().iter().zip(at_start).zip(now) {
+    let tables = cfg.tables();
+    let now = identities(sql, &tables).await?;
+    for ((t, then), now) in tables.iter().zip(at_start).zip(now) {
         if *then == now {
             continue;
         }
         return Ok(Some(match now {
+            // A pattern's tenant dropped: routine.
+            None if t.discovered.is_some() => {
+                format!("outbox table {} no longer exists", t.label())
+            }
             None => format!(
                 "outbox table {} no longer exists (dropped): the rows of it the slot still \
                  holds stay there, unconfirmed; create it again (outboxd init) and the relay \
@@ -319,19 +326,6 @@ pub async fn changed(
     }
     if !cfg.has_patterns() {
         return Ok(None);
-    }
-    for t in cfg.tables().iter().filter(|t| t.discovered.is_some()) {
-        let gone: bool = sql
-            .query_one(
-                "SELECT NOT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n \
-                     ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)",
-                &[&t.schema, &t.name],
-            )
-            .await?
-            .get(0);
-        if gone {
-            return Ok(Some(format!("outbox table {} no longer exists", t.label())));
-        }
     }
     for f in discover(cfg, sql).await? {
         let label = format!("{}.{}", f.schema, f.table);
