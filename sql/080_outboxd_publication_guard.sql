@@ -19,6 +19,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     changed jsonb;
+    joined jsonb := '[]'::jsonb;
 BEGIN
     IF TG_EVENT = 'sql_drop' THEN
         SELECT jsonb_agg(jsonb_build_array(object_type, object_identity)) INTO changed
@@ -26,12 +27,25 @@ BEGIN
     ELSE
         SELECT jsonb_agg(jsonb_build_array(object_type, object_identity)) INTO changed
         FROM pg_event_trigger_ddl_commands() WHERE object_type LIKE 'publication%';
+        -- Each table added, by oid and the name it has at this point of the WAL: a table
+        -- renamed into a pattern and out again before the relay looked at the catalog is
+        -- still taken in by what the stream says here (issue 56).
+        SELECT COALESCE(jsonb_agg(jsonb_build_array(p.pubname::text, pr.prrelid::bigint,
+                                                    n.nspname::text, c.relname::text)), '[]')
+        INTO joined
+        FROM pg_event_trigger_ddl_commands() d
+        JOIN pg_publication_rel pr ON pr.oid = d.objid
+        JOIN pg_publication p ON p.oid = pr.prpubid
+        JOIN pg_class c ON c.oid = pr.prrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE d.object_type = 'publication relation';
     END IF;
     -- 'event' tells a table added (ddl_command_end, 'publication relation' objects only) from
     -- one dropped (sql_drop): an addition skips nothing of what was streamed before it.
     PERFORM pg_logical_emit_message(true, 'outboxd.publication',
         jsonb_build_object('tag', TG_TAG, 'event', TG_EVENT,
-                           'objects', COALESCE(changed, '[]'::jsonb))::text);
+                           'objects', COALESCE(changed, '[]'::jsonb),
+                           'joined', joined)::text);
 END
 $$;
 

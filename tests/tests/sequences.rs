@@ -84,15 +84,19 @@
 //!   on_demand`.
 //!
 //! # Findings (what this generator found, and where each stands)
-//! Each has a hand-written minimal sequence below (`known_f…`). Until F1 is fixed, a leave
-//! (renaming a tenant out of the pattern) first waits until the slot caught up and the rows
-//! the table held when it joined are on its topic, and the generator leaves only while the
-//! relay runs; `OUTBOXD_SEQ_LEAVE_UNSETTLED=1` drops the wait.
-//! - **F1** (open; `known_f1_…` is ignored and fails): a table renamed (or moved) into the
-//!   pattern and out again within one state interval, with no row streamed meanwhile, is
-//!   never seen by the running session: the rows it held when it joined are never
-//!   republished. (A table seen before it leaves is now caught up by its oid wherever it is:
-//!   `slot/join/pay.rs`, `wherever`.)
+//! Each has a hand-written minimal sequence below (`known_f…`). While F1 was open, a leave
+//! (renaming a tenant out of the pattern) first waited until the slot caught up and the rows
+//! the table held when it joined were on its topic; that wait is still the default of the
+//! fixed seeds (their sequences stay as they were), and `OUTBOXD_SEQ_LEAVE_UNSETTLED=1`
+//! drops it (the on-demand runs use it).
+//! - **F1** (fixed): a table renamed (or moved) into the pattern and out again within one
+//!   state interval, with no row streamed meanwhile, was never seen by the running session:
+//!   the rows it held when it joined were never republished. Now the publication guard's
+//!   message (sql/080) names each table added, by oid and the name it had then; the session
+//!   takes a pattern's table in from that message, reads its debt by oid wherever it is, and
+//!   does not confirm past the join until the rows are handed over, so a restart meets the
+//!   message again (`relay/stages/relations.rs`, `on_joined`). `known_f1_…` runs in the
+//!   default set.
 //! - **F2** (fixed: halts loudly): a lost slot's gap is republished only from the tables that
 //!   match when the recovery runs; a tenant that committed rows in the gap and left the
 //!   pattern before the recovery lost them silently ("recovery finished … events=0"). Now the
@@ -278,10 +282,10 @@ async fn known_plan(name: &str, seed: u64, plan: Vec<plan::Planned>) {
 }
 
 /// F1: `tenant_1.outbox_new` with two rows, renamed into the pattern, renamed out again at
-/// once (the relay running): the two rows it held when it joined never arrive.
+/// once (the relay running): the two rows it held when it joined arrive (before the fix they
+/// never did: the session never saw the table).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known finding F1 (open): a tenant that joins and leaves within one state interval, without a row streamed meanwhile, is never seen; fails"]
-async fn known_f1_a_tenant_that_joins_and_leaves_at_once_loses_what_it_held() {
+async fn known_f1_a_tenant_that_joins_and_leaves_at_once_delivers_what_it_held() {
     use plan::Step::*;
     known(
         "F1",

@@ -43,6 +43,39 @@ pub fn concerns(content: &[u8], publication: &str) -> Option<String> {
     hit.then(|| format!("{tag} on publication {publication:?}"))
 }
 
+/// A table the guard's message says joined `publication` (sql/080's `joined`): its oid, and
+/// its schema and name at that point of the WAL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Joined {
+    pub oid: u32,
+    pub schema: String,
+    pub name: String,
+}
+
+/// The tables a message says were added to `publication` (none from an older guard, or from
+/// a drop).
+pub fn joined(content: &[u8], publication: &str) -> Vec<Joined> {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(content) else {
+        return Vec::new();
+    };
+    if v["event"].as_str() != Some("ddl_command_end") {
+        return Vec::new();
+    }
+    let Some(rels) = v["joined"].as_array() else {
+        return Vec::new();
+    };
+    rels.iter()
+        .filter(|r| r[0].as_str() == Some(publication))
+        .filter_map(|r| {
+            Some(Joined {
+                oid: u32::try_from(r[1].as_u64()?).ok()?,
+                schema: r[2].as_str()?.to_string(),
+                name: r[3].as_str()?.to_string(),
+            })
+        })
+        .collect()
+}
+
 /// SQL: whether the relation whose oid is the expression `oid` is in the publication named by
 /// the expression `publication`: listed in `pg_publication_tables` (itself, or for a
 /// partitioned table one of its partitions: a publication without `publish_via_partition_root`
@@ -62,6 +95,27 @@ pub fn member_sql(publication: &str, oid: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_names_the_tables_that_joined_its_publication() {
+        let m = br#"{"tag":"ALTER PUBLICATION","event":"ddl_command_end","objects":[],"joined":[["outbox_pub",16384,"tenant_1","outbox"],["other",16385,"t","o"],["outbox_pub",-1,"x","y"]]}"#;
+        assert_eq!(
+            joined(m, "outbox_pub"),
+            vec![Joined {
+                oid: 16384,
+                schema: "tenant_1".into(),
+                name: "outbox".into()
+            }]
+        );
+        let drop = br#"{"tag":"ALTER PUBLICATION","event":"sql_drop","joined":[["outbox_pub",1,"a","b"]]}"#;
+        assert!(joined(drop, "outbox_pub").is_empty());
+        assert!(joined(
+            br#"{"tag":"ALTER PUBLICATION","event":"ddl_command_end"}"#,
+            "outbox_pub"
+        )
+        .is_empty());
+        assert!(joined(b"not json", "outbox_pub").is_empty());
+    }
 
     #[test]
     fn a_message_concerns_the_publication_it_names() {

@@ -52,6 +52,14 @@ impl Held {
         i.inspect(|i| self.hold(*i)).is_some()
     }
 
+    /// Is the table labelled `label` among `labels` held?
+    pub fn holds_label(&self, labels: &[Arc<str>], label: &str) -> bool {
+        labels
+            .iter()
+            .position(|l| &**l == label)
+            .is_some_and(|i| self.holds(i))
+    }
+
     /// [`Held::release`] of the table labelled `label` among `labels`.
     pub fn release_label(&mut self, labels: &[Arc<str>], label: &str) -> Vec<(Seq, ParkedRecord)> {
         match labels.iter().position(|l| &**l == label) {

@@ -116,6 +116,15 @@ impl InFlight {
         Ok(seq)
     }
 
+    /// A position that is no record (a join the stream announced): nothing past it is
+    /// confirmed until [`InFlight::parked`] settles it. Counted in no metric.
+    pub fn add_mark(&mut self) -> Result<Seq, ProtocolError> {
+        let seq = self.tracker.add_event()?;
+        self.meta.push_back((u32::MAX, u16::MAX));
+        self.sizes.push_back((seq, 0));
+        Ok(seq)
+    }
+
     /// The broker has the event (outboxd learned it at `at_us`, unix µs): it counts as
     /// published.
     pub fn delivered(&mut self, seq: Seq, at_us: i64) {

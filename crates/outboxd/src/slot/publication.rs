@@ -191,15 +191,19 @@ pub async fn extend(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayErro
 }
 
 /// `init`: installs the event trigger when the role may (a superuser), and says what it did.
+/// A superuser re-applies it when present too: the file is idempotent, and an older guard's
+/// messages lack what a newer relay reads (the tables that joined, by oid: issue 56).
 pub async fn install_guard(sql: &Client) -> Result<String, RelayError> {
-    if guarded(sql).await? {
-        return Ok(
-            "event trigger outboxd_publication_ddl present (publication changes are \
-                   seen in the stream)"
-                .into(),
-        );
-    }
+    let present = guarded(sql).await?;
     if !superuser(sql).await? {
+        if present {
+            return Ok(
+                "event trigger outboxd_publication_ddl present (publication changes are \
+                 seen in the stream; not updated: apply sql/080_outboxd_publication_guard.sql \
+                 as a superuser after an upgrade)"
+                    .into(),
+            );
+        }
         return Ok(
             "event trigger outboxd_publication_ddl NOT installed (CREATE EVENT TRIGGER \
                    needs a superuser): publication changes shorter than source.state_interval_ms \
@@ -208,11 +212,14 @@ pub async fn install_guard(sql: &Client) -> Result<String, RelayError> {
         );
     }
     sql.batch_execute(GUARD_SQL).await?;
-    Ok(
-        "event trigger outboxd_publication_ddl installed (publication changes are seen in the \
-        stream)"
-            .into(),
-    )
+    Ok(format!(
+        "event trigger outboxd_publication_ddl {} (publication changes are seen in the stream)",
+        if present {
+            "present, updated"
+        } else {
+            "installed"
+        }
+    ))
 }
 
 /// Whether the event trigger is installed (`check` reports it).

@@ -43,8 +43,28 @@ pub async fn all(
         .into_iter()
         .flatten()
         .collect();
-    if let Some(why) = joined_and_left(sql, &cfg.source.publication, gap, &oids).await? {
-        return Ok(Some(why));
+    let left = joined_and_left(sql, &cfg.source.publication, gap, &oids).await?;
+    // A table a pattern matches now that the recovery's tables lack was created (or renamed
+    // in) after they were resolved: a new session resolves it and recovers with it.
+    let patterns = cfg.patterns();
+    let (now_matching, left): (Vec<_>, Vec<_>) =
+        left.into_iter().partition(|(schema, name, partition)| {
+            !partition && patterns.iter().any(|(_, p)| p.matches(schema, name))
+        });
+    if let Some((schema, name, _)) = now_matching.into_iter().next() {
+        return Err(RelayError::TablesChanged(format!("{schema}.{name}")));
+    }
+    if !left.is_empty() {
+        let names: Vec<String> = left.iter().map(|(s, n, _)| format!("{s}.{n}")).collect();
+        return Ok(Some(format!(
+            "table(s) {} joined the publication during the gap and are not relayed now \
+             (renamed or moved out of the pattern?): their rows of the gap were only in the \
+             lost slot, under a mapping outboxd cannot know any more. Publish them from the \
+             table yourself if they are outbox rows (outboxd replay with a configuration that \
+             lists the table), or take the table out of the publication if it is none; then \
+             outboxd recover --config FILE",
+            names.join(", ")
+        )));
     }
     for t in tables {
         let names = t.columns.resolve()?;
@@ -138,41 +158,34 @@ fn literal(s: &str) -> String {
 /// by a transaction of the gap) and is not among the tables being recovered (`recovered`,
 /// oids): a tenant created or renamed into a pattern while the slot was lost, then renamed out
 /// (issue 56, found by the sequence test). Its rows of the gap were in the lost slot, and which
-/// mapping they went by is not known any more: `Some` names it, and the relay stops rather than
-/// finish the recovery without them. outboxd's own tables are no outboxes. (A publication
+/// mapping they went by is not known any more: each is returned (schema, name, whether it is a
+/// partition), and the relay stops rather than finish the recovery without them (or, when a
+/// pattern matches it now, resolves it in a new session). outboxd's own tables are no outboxes. (A publication
 /// `FOR ALL TABLES` has no such rows: nothing to see.)
 pub async fn joined_and_left(
     sql: &Client,
     publication: &str,
     gap: &Gap,
     recovered: &[u32],
-) -> Result<Option<String>, RelayError> {
+) -> Result<Vec<(String, String, bool)>, RelayError> {
     let Some(x) = gap.from_xid else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
     let next = gap::next_xid(sql).await?;
     let Some(older) = gap::older_than(x, next) else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
     let q = format!(
-        "SELECT n.nspname::text || '.' || c.relname::text FROM pg_publication_rel o \
+        "SELECT n.nspname::text, c.relname::text, c.relispartition FROM pg_publication_rel o \
          JOIN pg_publication p ON p.oid = o.prpubid JOIN pg_class c ON c.oid = o.prrelid \
          JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE p.pubname = $1 AND NOT ({older}) AND NOT (c.oid = ANY($2)) \
            AND c.relname NOT LIKE 'outbox\\_parked%' AND c.relname NOT LIKE 'outboxd\\_%' \
-         ORDER BY 1"
+         ORDER BY 1, 2"
     );
     let rows = sql.query(&q, &[&publication, &recovered]).await?;
-    if rows.is_empty() {
-        return Ok(None);
-    }
-    let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    Ok(Some(format!(
-        "table(s) {} joined the publication during the gap and are not relayed now (renamed \
-         or moved out of the pattern?): their rows of the gap were only in the lost slot, under \
-         a mapping outboxd cannot know any more. Publish them from the table yourself if they \
-         are outbox rows (outboxd replay with a configuration that lists the table), or take \
-         the table out of the publication if it is none; then outboxd recover --config FILE",
-        names.join(", ")
-    )))
+    Ok(rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect())
 }

@@ -77,16 +77,17 @@ impl Joining {
         cfg: &Config,
         st: &mut Stages,
         producer: &Producer,
-        t: OutboxTable,
+        (t, oid): (OutboxTable, Option<u32>),
         shutdown: &watch::Receiver<bool>,
     ) -> Result<(), RelayError> {
         let label = t.label();
         self.known.push(label.clone());
-        match sql_bounded(join::assess(cfg, st.sql(), &t)).await? {
+        match sql_bounded(join::assess(cfg, st.sql(), &t, oid)).await? {
             None => {
                 for (seq, rec) in st.release(&label) {
                     producer.send_held(&rec, seq).await;
                 }
+                st.unmark(&label);
             }
             Some(debt) => self.settle(cfg, vec![debt], shutdown),
         }
@@ -136,6 +137,8 @@ impl Joining {
             for (seq, rec) in &held {
                 out.producer.send_held(rec, *seq).await;
             }
+            // Its rows are in flight under `lsn`: the join may be confirmed past once they land.
+            out.st.unmark(&d.label());
             self.fed.push((end, d));
         }
         Ok(true)

@@ -321,7 +321,7 @@ pub async fn run_session_as(
                         let new = crate::slot::join::newcomers(cfg, st.sql(), joining.known());
                         for t in sql_bounded(new).await? {
                             st.join_table(&t)?;
-                            joining.arrive(cfg, &mut st, &producer, t, shutdown).await?;
+                            joining.arrive(cfg, &mut st, &producer, (t, None), shutdown).await?;
                         }
                         // A pattern's table dropped is no publication change: first.
                         let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused, &identities, joining.known());

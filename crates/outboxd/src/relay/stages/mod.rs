@@ -57,8 +57,12 @@ pub struct Stages {
     shadow_topic: String,
     /// Events of tables catching up, kept in stream order ([`crate::relay::held`]).
     held: Held,
-    /// Tables that joined while the session streamed, for the session to assess (`relations`).
-    arrived: Vec<OutboxTable>,
+    /// Tables that joined while the session streamed, for the session to assess
+    /// (`relations`), with their oid when the stream named it.
+    arrived: Vec<(OutboxTable, Option<u32>)>,
+    /// Positions of joins the stream announced, unacknowledged until the table's rows were
+    /// handed over: nothing past a join is confirmed before (`relations`).
+    marks: Vec<(String, crate::relay::ack::Seq)>,
 }
 
 impl Stages {
@@ -122,6 +126,7 @@ impl Stages {
             shadow_topic: String::new(),
             held: Held::default(),
             arrived: Vec::new(),
+            marks: Vec::new(),
         })
     }
 
@@ -301,6 +306,7 @@ impl Stages {
                 if let Some(what) = publication::concerns(&content, &self.publication) {
                     return Err(RelayError::PublicationChanged(what));
                 }
+                self.on_joined(&content).await?;
             }
             ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
         }

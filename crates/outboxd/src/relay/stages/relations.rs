@@ -11,7 +11,7 @@ use crate::poison::store::ParkedRecord;
 use crate::relay::ack::Seq;
 use crate::relay::outboxes::Orphan;
 use crate::relay::pgoutput::Relation;
-use crate::relay::source::{in_publication, plain_table};
+use crate::relay::source::{in_publication, plain_table, sql_bounded};
 
 impl Stages {
     pub(super) async fn on_relation(&mut self, rel: &Relation) -> Result<(), RelayError> {
@@ -37,7 +37,7 @@ impl Stages {
                     return Err(RelayError::TablesChanged(t));
                 };
                 self.take_in(&table)?;
-                self.arrived.push(table);
+                self.arrived.push((table, Some(rel.id)));
                 Ok(())
             }
             r => r,
@@ -62,8 +62,9 @@ impl Stages {
         self.outboxes.alias(oid, label);
     }
 
-    /// The tables that joined through a Relation message since the last call.
-    pub fn take_arrived(&mut self) -> Vec<OutboxTable> {
+    /// The tables that joined through the stream (a Relation message, or the publication
+    /// guard's message) since the last call, with their oid.
+    pub fn take_arrived(&mut self) -> Vec<(OutboxTable, Option<u32>)> {
         std::mem::take(&mut self.arrived)
     }
 
@@ -78,8 +79,71 @@ impl Stages {
         self.held.release_label(&self.outboxes.labels(), label)
     }
 
-    /// Events held ([`crate::relay::held`]).
+    /// Events held ([`crate::relay::held`]), and joins whose rows are not handed over yet.
     pub fn held(&self) -> usize {
-        self.held.len()
+        self.held.len() + self.marks.len()
+    }
+
+    /// The publication guard's message (sql/080) says tables joined the publication here, by
+    /// oid and the name they had then. One a pattern matches that the session does not read
+    /// is taken in now, whatever its name becomes later: renamed into the pattern and out
+    /// again before a state write looked at the catalog, its rows were never republished
+    /// (issue 56, F1). A mark at this position (one per table the session is still catching
+    /// up) keeps the slot from confirming past the join until the table's rows are handed over
+    /// ([`Stages::unmark`]): a session that ends before meets the message again.
+    pub(super) async fn on_joined(&mut self, content: &[u8]) -> Result<(), RelayError> {
+        for j in crate::model::publication::joined(content, &self.publication) {
+            let label = format!("{}.{}", j.schema, j.name);
+            let known = self.outboxes.labels().iter().any(|l| **l == *label);
+            let t = match known {
+                // Found already (a session's start, a state write): marked while it catches up.
+                true if self.held.holds_label(&self.outboxes.labels(), &label) => None,
+                true => continue,
+                false => match self.outboxes.through(&j.schema, &j.name) {
+                    Some(t) => Some(t),
+                    None => continue,
+                },
+            };
+            if let Some(t) = t {
+                if !self.table_exists(j.oid).await? {
+                    tracing::warn!(table = %label, "a table joined the publication and was dropped before the relay read it: rows it held before it joined, if any, went with it");
+                    continue;
+                }
+                if !plain_table(&self.sql, j.oid).await? {
+                    // Partitioned: its partitions are resolved at a session's start.
+                    return Err(RelayError::TablesChanged(label));
+                }
+                tracing::info!(table = %label, "a table joined the publication (the stream says so): taken into the running session");
+                self.outboxes.push_table(&t)?;
+                self.take_in(&t)?;
+                self.arrived.push((t, Some(j.oid)));
+            }
+            let seq = self.in_flight.add_mark()?;
+            self.marks.push((label, seq));
+        }
+        Ok(())
+    }
+
+    /// `label`'s rows and held events were handed over: its joins may be confirmed past.
+    pub fn unmark(&mut self, label: &str) {
+        let in_flight = &mut self.in_flight;
+        self.marks.retain(|(l, seq)| {
+            let keep = l != label;
+            if !keep {
+                in_flight.parked(*seq);
+            }
+            keep
+        });
+    }
+
+    async fn table_exists(&self, oid: u32) -> Result<bool, RelayError> {
+        let q = async {
+            let r = self
+                .sql
+                .query_opt("SELECT 1 FROM pg_class WHERE oid = $1", &[&oid])
+                .await?;
+            Ok(r.is_some())
+        };
+        sql_bounded(q).await
     }
 }

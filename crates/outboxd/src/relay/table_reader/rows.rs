@@ -304,7 +304,18 @@ pub async fn relation_of(
     table: &OutboxTable,
     client: &Client,
 ) -> Result<(Relation, Vec<String>), RelayError> {
-    relation_named(table.schema.clone(), table.name.clone(), client).await
+    match relation_named(table.schema.clone(), table.name.clone(), client).await {
+        // A pattern's table renamed out (or dropped) since the session resolved it: a new
+        // session resolves the tables again (issue 56, found by the sequence test: a recovery
+        // stopped the relay with "not found").
+        Err(RelayError::Setup(m)) if table.discovered.is_some() && m.ends_with(" not found") => {
+            Err(RelayError::TablesChanged(format!(
+                "{} (renamed or dropped while it was being read)",
+                table.label()
+            )))
+        }
+        r => r,
+    }
 }
 
 async fn relation_named(

@@ -45,13 +45,18 @@ pub async fn newcomers(
 }
 
 /// What a table that joined the running session is owed: `None` when it was born in the
-/// publication (recorded as joined now), or was recorded before; otherwise its debt.
+/// publication (recorded as joined now), or was recorded before; otherwise its debt. `oid`:
+/// the relation the stream named (it may be called otherwise by now); `None`, by its name.
 pub async fn assess(
     cfg: &Config,
     sql: &Client,
     t: &OutboxTable,
+    oid: Option<u32>,
 ) -> Result<Option<Debt>, RelayError> {
-    let oid = oid_of(sql, t).await?;
+    let oid = match oid {
+        Some(oid) => oid,
+        None => oid_of(sql, t).await?,
+    };
     let joined = slot_state::joined(sql, &cfg.source.slot).await?;
     if joined.as_ref().is_some_and(|j| j.contains(&oid)) {
         return Ok(None);

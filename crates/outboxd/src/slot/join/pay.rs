@@ -47,15 +47,17 @@ pub async fn settle(
     for d in &debts {
         wait_for_writers(&sql, &d.rels, &d.table, &mut shutdown).await?;
     }
-    let checks: Vec<owed::WholeCheck> = debts
-        .iter()
-        .map(|d| owed::WholeCheck {
+    let mut checks = Vec::with_capacity(debts.len());
+    for d in &debts {
+        // Read where the table is now (renamed out since it joined: issue 56, F1).
+        let now = wherever(&sql, d).await?;
+        checks.push(owed::WholeCheck {
             label: d.table.label(),
-            qualified: partitions::qualified(&d.table),
+            qualified: partitions::qualified(&now),
             relids: d.rels.clone(),
             filter: d.filter.clone(),
-        })
-        .collect();
+        });
+    }
     owed::proven_whole(cfg, &sql, &checks, &mut shutdown).await
 }
 
