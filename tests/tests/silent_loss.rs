@@ -354,3 +354,75 @@ async fn a_listed_table_recreated_while_streaming_loses_nothing() -> anyhow::Res
         );
     }
 }
+
+/// A listed table dropped and created again by plain DDL (a migration's rebuild, not `init`),
+/// rows written right after: `init` installs the join trigger for listed tables too (issue 56:
+/// it did only for patterns, although the docs said otherwise), so the new table joins the
+/// publication in its creating transaction and every row is streamed — before, the new table
+/// was in no publication and the relay stopped until someone added it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_table_rebuilt_by_plain_ddl_joins_at_its_creation() -> anyhow::Result<()> {
+    let env = Env::start("sq_rebuild_ddl").await?;
+    create_topics(&env.bootstrap(), &["outbox.event.acct"], 1).await?;
+    outboxd::init(&env.config()?).await?;
+    let config = env.config_file()?;
+    let log = env.dir.path().join("relay.log");
+    let mut c = env.sql().await?;
+    let trigger: bool = c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'outboxd_join_outbox_pub')",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(trigger, "init installs the join trigger for a listed table");
+    c.batch_execute("CREATE TABLE public.outbox_shape (LIKE public.outbox INCLUDING ALL)")
+        .await?;
+    let mut relay = RelayProcess::spawn(&config, log.clone())?;
+    env.deliver("warm", 5, &log).await?;
+    let old: Vec<NewEvent> = (1..=100)
+        .map(|v| NewEvent::new("acct", "A", v, "Deposited", serde_json::json!({"v": v})))
+        .collect();
+    write_events(&mut c, &old, false).await?;
+    c.batch_execute(
+        "DROP TABLE public.outbox; \
+         CREATE TABLE public.outbox (LIKE public.outbox_shape INCLUDING ALL)",
+    )
+    .await?;
+    let new: Vec<NewEvent> = (1..=50)
+        .map(|v| NewEvent::new("acct", "B", v, "Deposited", serde_json::json!({"v": v})))
+        .collect();
+    write_events(&mut c, &new, false).await?;
+    let want: Vec<String> = old
+        .iter()
+        .chain(&new)
+        .map(|e| e.event_id.to_string())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let recs = tokio::task::block_in_place(|| {
+            read_topic(
+                &env.bootstrap(),
+                "outbox.event.acct",
+                want.len(),
+                Duration::from_secs(2),
+            )
+        })?;
+        let got: std::collections::HashSet<&str> =
+            recs.iter().map(|r| r.header("event_id")).collect();
+        let missing = want.iter().filter(|id| !got.contains(id.as_str())).count();
+        let text = read_log(&log);
+        if missing == 0 {
+            assert!(!text.contains("recovery finished"), "{text}");
+            assert!(relay.sigterm()?.success(), "{text}");
+            return Ok(());
+        }
+        if let Ok(Some(st)) = relay.child.try_wait() {
+            panic!("the relay exited ({st}) with {missing} of 150 missing: {text}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of 150 missing: {text}"
+        );
+    }
+}

@@ -39,7 +39,6 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
     // is extended to cover every listed table.
     done.extend(crate::slot::publication::extend(cfg, &sql).await?);
     done.push(crate::slot::publication::install_guard(&sql).await?);
-    done.extend(crate::slot::join::install(cfg, &sql).await?);
     // outboxd's own tables go to source.relay_schema (the connection's search_path).
     let schema_exists: bool = sql
         .query_one(
@@ -55,6 +54,8 @@ pub async fn init(cfg: &Config) -> Result<Vec<String>, RelayError> {
         ))
         .await?;
     }
+    // The join trigger's function lives in the relay schema (created just above).
+    done.extend(crate::slot::join::install(cfg, &sql).await?);
     crate::poison::store::ensure_tables(&sql).await?;
     crate::obs::status_row::ensure_table(&sql).await?;
     crate::shadow::store::ensure_tables(&sql).await?;

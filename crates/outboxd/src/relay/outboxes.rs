@@ -187,12 +187,12 @@ impl Outboxes {
         Ok(())
     }
 
-    /// `schema.name`'s settings through the first pattern that matches it (`None`: none does).
     /// The table `schema.name` would be through a pattern (none matches: `None`).
     pub fn through(&self, schema: &str, name: &str) -> Option<OutboxTable> {
         self.through_pattern(schema, name)
     }
 
+    /// `schema.name`'s settings through the first pattern that matches it (`None`: none does).
     fn through_pattern(&self, schema: &str, name: &str) -> Option<OutboxTable> {
         let (entry, _) = self
             .patterns

@@ -52,7 +52,9 @@ BEGIN \
            JOIN pg_namespace n ON n.oid = c.relnamespace \
            WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p') \
              AND c.relpersistence = 'p' AND NOT c.relispartition AND NOT ({OWN_TABLES}) LOOP \
-    IF ({conds}) AND NOT EXISTS (SELECT 1 FROM pg_publication_rel pr \
+    IF ({conds}) AND EXISTS (SELECT 1 FROM pg_publication p \
+        WHERE p.pubname = {pubname} AND NOT p.puballtables) \
+      AND NOT EXISTS (SELECT 1 FROM pg_publication_rel pr \
         JOIN pg_publication p ON p.oid = pr.prpubid \
         WHERE p.pubname = {pubname} AND pr.prrelid = r.oid) THEN \
       EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', {pubname}, r.nspname, r.relname); \
@@ -68,14 +70,13 @@ CREATE EVENT TRIGGER {name} ON ddl_command_end \
     )
 }
 
-/// `init`: installs [`joiner_sql`] when the role may (a superuser) and there is a pattern, and
-/// adds the matching tables the publication lacks. Says what it did.
+/// `init`: installs [`joiner_sql`] when the role may (a superuser) — for patterns and for
+/// listed tables alike: a listed table dropped and created again (a migration's rebuild) joins
+/// the publication in the transaction that creates it, so every row of it is streamed (issue
+/// 56) — and adds the matching tables the publication lacks. Says what it did.
 pub async fn install(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayError> {
-    if !cfg.has_patterns() {
-        return Ok(Vec::new());
-    }
     let mut said = Vec::new();
-    if !publication::exists(cfg, sql).await? {
+    if cfg.has_patterns() && !publication::exists(cfg, sql).await? {
         // Only patterns and no table yet: the tables join it as they come.
         sql.batch_execute(&format!(
             "CREATE PUBLICATION {} WITH (publish = 'insert', publish_via_partition_root = true)",
@@ -91,11 +92,11 @@ pub async fn install(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayErr
         let ddl = crate::schema::qualified(&joiner_sql(cfg), &crate::schema::current(sql).await?);
         sql.batch_execute(&ddl).await?;
         said.push(format!(
-            "event trigger outboxd_join_{} installed: a new table the patterns match joins \
-             publication {} in the transaction that creates it",
+            "event trigger outboxd_join_{} installed: a new table the patterns match (or a \
+             listed table created again) joins publication {} in the transaction that creates it",
             cfg.source.publication, cfg.source.publication
         ));
-    } else {
+    } else if cfg.has_patterns() {
         said.push(
             "event trigger outboxd_join_… NOT installed (CREATE EVENT TRIGGER needs a \
              superuser): new tables the patterns match join when `outboxd init` runs again or \
@@ -103,6 +104,9 @@ pub async fn install(cfg: &Config, sql: &Client) -> Result<Vec<String>, RelayErr
              republished"
                 .into(),
         );
+    }
+    if !cfg.has_patterns() {
+        return Ok(said);
     }
     for f in discover(cfg, sql)
         .await?
