@@ -261,12 +261,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// The measurement of docs/benchmarks.md ("Status page under load"): `DRAIN_EVENTS` (default
 /// 100,000) events written while the relay is stopped, then drained from the relay's start to
 /// the slot's confirmation past them; quiet and hammered runs alternate, `DRAIN_RUNS` (default
-/// 3) of each, medians printed.
+/// 3) of each, medians printed; `outboxd probe live` twice a second throughout, failures
+/// counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "measurement (docs/benchmarks.md): run with --run-ignored only"]
 async fn page_load_drain() -> anyhow::Result<()> {
     let n: i64 = std::env::var("DRAIN_EVENTS").map_or(Ok(100_000), |v| v.parse())?;
     let runs: usize = std::env::var("DRAIN_RUNS").map_or(Ok(3), |v| v.parse())?;
+    // `DRAIN_LOADED_FIRST=1`: the hammered run of each pair first (order effects show).
+    let loaded_first = std::env::var_os("DRAIN_LOADED_FIRST").is_some_and(|v| v == "1");
     let mut env = Env::start("status_load_drain").await?;
     let maddr = format!("127.0.0.1:{}", free_port());
     let relay = ready_relay(&mut env, &maddr, &maddr, "").await?;
@@ -274,7 +277,7 @@ async fn page_load_drain() -> anyhow::Result<()> {
     let cfg = env.config_file()?;
     let (mut quiet, mut loaded) = (Vec::new(), Vec::new());
     for run in 0..runs * 2 {
-        let hammered = run % 2 == 1;
+        let hammered = (run % 2 == 1) != loaded_first;
         let end = backlog(&env, n, run).await?;
         let stop = Arc::new(AtomicBool::new(false));
         let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
