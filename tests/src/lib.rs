@@ -16,7 +16,8 @@
 //!   [`reader_config`]).
 //! - `outbox.rs`: [`NewEvent`], [`write_events`], [`write_events_returning_lsn`]: outbox rows
 //!   written in real transactions.
-//! - `wait.rs`: [`eventually`]; `http.rs`: [`http_get`] against the metrics listener.
+//! - `wait.rs`: [`eventually`]; `http.rs`: [`http_get`], [`http_exchange`] against the metrics
+//!   listener.
 //! - [`certs`]: a private certificate authority for TLS tests.
 //! - [`deploy`]: the deployment files as their tools read them, and a container's command and
 //!   environment run as a process here.
@@ -42,7 +43,7 @@ pub mod reliability;
 pub mod replay;
 
 pub use env::{Env, Relay};
-pub use http::{http_get, http_get_10};
+pub use http::{http_exchange, http_get, http_get_10};
 pub use kafka::{
     create_topic_on_port, create_topics, read_topic, reader_config, scan_topic, Record,
 };

@@ -10,7 +10,6 @@
 use outboxd_tests::testkit::{free_port, PG_PASSWORD};
 use outboxd_tests::*;
 use serde_json::Value;
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -24,30 +23,17 @@ fn repo_root() -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// One HTTP/1.0 request: (status, raw headers, body).
+/// One HTTP/1.0 request: (status, lower-cased headers, body).
 fn request(addr: &str, method: &str, path: &str, auth: bool) -> (u16, String, String) {
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return (0, String::new(), String::new());
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
     let auth = if auth {
         format!("Authorization: Bearer {TOKEN}\r\n")
     } else {
         String::new()
     };
-    let _ = write!(
-        s,
-        "{method} {path} HTTP/1.0\r\nHost: x\r\n{auth}Content-Length: 0\r\n\r\n"
-    );
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    let status = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
-    (status, head.to_ascii_lowercase(), body.to_string())
+    http_exchange(
+        addr,
+        &format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\n{auth}Content-Length: 0\r\n\r\n"),
+    )
 }
 
 fn status_json(addr: &str) -> Option<Value> {

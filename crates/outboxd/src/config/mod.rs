@@ -156,6 +156,10 @@ pub struct MetricsConfig {
     /// A file holding `status_token` (a mounted secret); read at start-up.
     #[serde(default)]
     pub status_token_file: Option<std::path::PathBuf>,
+    /// Names the status page answers as `Host` besides IP literals and `localhost` (against
+    /// DNS rebinding); a list, or comma-separated from the environment.
+    #[serde(default, deserialize_with = "status_token::hosts")]
+    pub status_hosts: Vec<String>,
 }
 
 /// `Debug` (in `config::secrets`) hides the DSN's password and `password`.

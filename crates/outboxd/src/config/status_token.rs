@@ -26,8 +26,32 @@ impl std::fmt::Debug for MetricsConfig {
                     .map(|_| crate::config::secrets::REDACTED),
             )
             .field("status_token_file", &self.status_token_file)
+            .field("status_hosts", &self.status_hosts)
             .finish()
     }
+}
+
+/// `metrics.status_hosts`: a TOML list, or one string of names separated by commas or spaces
+/// (`OUTBOXD_METRICS_STATUS_HOSTS`; environment overrides are strings).
+pub fn hosts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        S(String),
+        L(Vec<String>),
+    }
+    let names = match <Either as serde::Deserialize>::deserialize(d)? {
+        Either::S(s) => s
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .map(str::to_string)
+            .collect(),
+        Either::L(l) => l,
+    };
+    Ok(names
+        .into_iter()
+        .map(|n| n.trim().trim_end_matches('.').to_string())
+        .filter(|n| !n.is_empty())
+        .collect())
 }
 
 /// Reads `status_token_file` into `status_token` (one trailing newline dropped) and checks the

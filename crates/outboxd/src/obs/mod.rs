@@ -1,10 +1,12 @@
 //! Observability: the metric names outboxd exports (one list, used by the exporter, the alert
 //! rules, the Grafana dashboard and their tests), process health for `/healthz` and `/readyz`,
-//! and the HTTP listener serving them with `/metrics` (`http`: bounded, see there).
+//! and the HTTP listener serving them with `/metrics` (`http`: bounded, on its own thread, see
+//! there; `admit`: its connection budgets).
 //!
 //! Labels stay bounded: `event_type`, `topic`, `class`, `state`, `status` — never `event_id` or
 //! `aggregate_id`.
 
+mod admit;
 pub(crate) mod errors;
 mod http;
 pub(crate) mod labels;

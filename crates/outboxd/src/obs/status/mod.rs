@@ -7,10 +7,11 @@
 //! obs imports no other stage: the relay and the supervisor hand the [`Board`] values (the
 //! watch's samples, a page of parked events, a failed session's class and fix), and the page is
 //! rendered from a [`facts::Facts`] snapshot (`facts`: the documented JSON; `html`: the page;
-//! `serve`: methods, the token, the routes).
+//! `serve`: methods, the routes, a cached rendering; `gate`: who may load it and how often).
 
 pub(crate) mod config_view;
 pub(crate) mod facts;
+pub(crate) mod gate;
 pub(crate) mod history;
 #[cfg(test)]
 mod hostile;
@@ -45,6 +46,8 @@ struct Inner {
     /// The redacted configuration (`config_view`), built once.
     config: serde_json::Value,
     token: Option<String>,
+    /// `metrics.status_hosts`: the names accepted as `Host` (`gate`).
+    hosts: Vec<String>,
     holder: Option<String>,
     confirmed_lsn: Option<String>,
     lag_bytes: Option<f64>,
@@ -88,7 +91,12 @@ impl Board {
             };
             i.config = config;
             i.token = cfg.metrics.status_token.clone();
+            i.hosts = cfg.metrics.status_hosts.clone();
         });
+    }
+
+    pub(crate) fn hosts(&self) -> Vec<String> {
+        self.with(|i| i.hosts.clone()).unwrap_or_default()
     }
 
     pub(crate) fn token(&self) -> Option<String> {
