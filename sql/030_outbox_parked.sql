@@ -65,6 +65,13 @@ ALTER TABLE public.outbox_parked ADD COLUMN IF NOT EXISTS integrity_tag bytea;
 -- The guard looks up an event's audit rows for every change it authorises: with a bulk repair
 -- of thousands of events (outboxd parked retry|discard --all) a scan each would be quadratic.
 CREATE INDEX IF NOT EXISTS outbox_parked_audit_event_idx ON public.outbox_parked_audit (slot, event_id);
+-- Issue 55: releases read a batch of rows at a time in stream order, each an index probe
+-- whatever the size of the store: the rows that may go out (blocked, or retry), by id, and the
+-- parked or retrying heads that hold an aggregate. Delivered and discarded rows are in neither.
+CREATE INDEX IF NOT EXISTS outbox_parked_release_idx
+    ON public.outbox_parked (slot, id) WHERE state IN ('blocked', 'retry');
+CREATE INDEX IF NOT EXISTS outbox_parked_heads_idx
+    ON public.outbox_parked (slot, aggregate_type, aggregate_id, id) WHERE state IN ('parked', 'retry');
 -- The database role that made the change (`operator` is what the person typed).
 ALTER TABLE public.outbox_parked_audit ADD COLUMN IF NOT EXISTS db_user text NOT NULL DEFAULT session_user;
 

@@ -23,6 +23,11 @@ impl Bounds {
         }
     }
 
+    /// `[parked] max_record_bytes`: the relay parks no larger record, so it reads none.
+    pub fn max_record_bytes(&self) -> u64 {
+        self.max_record_bytes
+    }
+
     /// `[parked]` bounds: a record larger than `max_record_bytes`, or one that would take the
     /// open rows past `max_open_bytes`, halts the relay (the slot keeps the event) rather than
     /// fill the database or drop it.

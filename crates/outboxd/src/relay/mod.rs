@@ -13,6 +13,7 @@ pub(crate) mod lsn;
 pub(crate) mod outboxes;
 pub(crate) mod park;
 pub(crate) mod pgoutput;
+pub(crate) mod releasing;
 pub(crate) mod route;
 pub(crate) mod slot_host;
 pub(crate) mod source;

@@ -21,20 +21,11 @@ use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, Parke
 use crate::poison::validate::Validator;
 use crate::poison::vet::Vetting;
 use crate::relay::kafka::{Producer, Verdict};
+use crate::relay::releasing::{InFlight, Sent};
 use crate::relay::route::release;
 use crate::relay::source::sql_bounded;
 use std::sync::Arc;
 use tokio_postgres::Client;
-
-/// A parked event being republished (one at a time, in stream order).
-struct Releasing {
-    id: i64,
-    event_id: String,
-    aggregate_type: Option<String>,
-    aggregate_id: Option<String>,
-    /// The published-events counter it counts under once delivered.
-    published: metrics::Counter,
-}
 
 /// What a released event of one outbox table goes through: that table's router and check.
 struct ReleaseRoute {
@@ -80,7 +71,8 @@ pub struct PoisonHandler {
     policy: PolicyConfig,
     /// Aggregates with a parked event at their head: type → id → (table, head event_id).
     blocked: Blocked,
-    releasing: Option<Releasing>,
+    /// The batch of released events out for their verdicts.
+    releasing: InFlight,
     observed: Arc<Observed>,
     /// Per listed outbox table (configuration order): the live path's routing and checks,
     /// applied again to released events.
@@ -94,6 +86,8 @@ pub struct PoisonHandler {
     vetting: Vetting,
     /// `[parked]` bounds, and the bytes the open rows hold (refreshed every repair tick).
     bounds: Bounds,
+    /// Rows of the batch in flight refused before sending: written with its outcome.
+    refused: Vec<(i64, &'static str, String)>,
 }
 
 impl PoisonHandler {
@@ -109,7 +103,7 @@ impl PoisonHandler {
         }
         let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
         let mut h = Self::with(cfg, blocked, observed, false)?;
-        h.bounds.open_bytes = parking::open_bytes(sql, &cfg.source.slot).await?;
+        h.bounds.open_bytes = h.open_bytes(sql).await?;
         Ok(h)
     }
 
@@ -130,7 +124,7 @@ impl PoisonHandler {
             slot: cfg.source.slot.clone(),
             policy: cfg.policy.clone(),
             blocked,
-            releasing: None,
+            releasing: InFlight::default(),
             observed,
             routes: cfg
                 .tables()
@@ -142,6 +136,7 @@ impl PoisonHandler {
             refuse_all,
             vetting: Vetting::of(&cfg.parked),
             bounds: Bounds::of(&cfg.parked),
+            refused: Vec::new(),
         })
     }
 
@@ -317,9 +312,18 @@ impl PoisonHandler {
         Ok(())
     }
 
-    /// Is a released event waiting for its acknowledgement?
+    /// What counts towards `[parked] max_open_bytes` (see [`parking::open_bytes`]).
+    async fn open_bytes(&self, sql: &Client) -> Result<u64, RelayError> {
+        let (max, keyed) = (
+            self.bounds.max_record_bytes(),
+            self.vetting.sealer.is_some(),
+        );
+        parking::open_bytes(sql, &self.slot, max, keyed).await
+    }
+
+    /// Is a batch of released events waiting for its acknowledgements?
     pub fn releasing(&self) -> bool {
-        self.releasing.is_some()
+        !self.releasing.is_empty()
     }
 
     /// The relay's integrity tag of a row it parks (see `poison::integrity`), with a key.
@@ -340,44 +344,97 @@ impl PoisonHandler {
         producer: &Producer,
     ) -> Result<OpenStats, RelayError> {
         let stats = parking::open_stats(sql, &self.slot).await?;
-        self.bounds.open_bytes = parking::open_bytes(sql, &self.slot).await?;
+        self.bounds.open_bytes = self.open_bytes(sql).await?;
         let stuck = parking::stuck_count(sql, &self.slot).await?;
         metrics::gauge!(crate::obs::STUCK_AGGREGATES).set(stuck as f64);
-        if self.releasing.is_none() {
+        if self.releasing.is_empty() {
             self.blocked = parking::blocked_aggregates(sql, &self.slot).await?;
-            self.release_next(sql, producer).await?;
+            self.release_batch(sql, producer).await?;
         }
         Ok(stats)
     }
 
-    async fn release_next(&mut self, sql: &Client, producer: &Producer) -> Result<(), RelayError> {
-        let Some(r) = parking::next_release(sql, &self.slot).await? else {
-            return Ok(());
-        };
+    /// Sends the next batch of releasable rows (see `poison::store::release`), each after the
+    /// row it follows; a batch of which nothing could be sent is settled at once and the next
+    /// one tried (a few times a call: the rest waits for the next tick).
+    async fn release_batch(&mut self, sql: &Client, producer: &Producer) -> Result<(), RelayError> {
+        for _ in 0..8 {
+            let max = self.bounds.max_record_bytes();
+            let batch = parking::release::next_batch(sql, &self.slot, max).await?;
+            if batch.rows.is_empty() && batch.oversized.is_empty() {
+                return Ok(());
+            }
+            let mut failed = batch.oversized;
+            let mut accepted: Vec<i64> = Vec::new();
+            for (r, prev) in batch.rows {
+                if prev.is_some_and(|p| !accepted.contains(&p)) {
+                    continue; // It follows a row that is not going out: it stays held.
+                }
+                let record = match self.prepare(sql, &r).await? {
+                    Ok(record) => record,
+                    Err((class, message)) => {
+                        tracing::error!(event_id = %r.record.event_id, class, "parked event not released: {message}");
+                        failed.push((r.id, class, message));
+                        continue;
+                    }
+                };
+                accepted.push(r.id);
+                let labels = &self.observed.labels;
+                let event_type = labels.event_type(record.event_type.as_deref().unwrap_or(""));
+                let topic = labels.topic(record.topic.as_deref().unwrap_or(""));
+                let rec = &r.record;
+                let aggregate = rec.aggregate_type.clone().zip(rec.aggregate_id.clone());
+                self.releasing.push(Sent::new(
+                    r.id,
+                    prev,
+                    r.record.event_id.clone(),
+                    aggregate,
+                    metrics::counter!(crate::obs::PUBLISHED, "event_type" => event_type.into_owned(), "topic" => topic.into_owned()),
+                ));
+                // Its verdict, a synchronous refusal included, arrives as an Ack.
+                producer.send_parked(&record, r.id).await;
+            }
+            if !self.releasing.is_empty() {
+                // Refusals are written with the batch's outcome.
+                self.refused = failed;
+                return Ok(());
+            }
+            parking::release::finish(sql, &failed, &[]).await?;
+            if failed.is_empty() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// The record to publish for a stored row, or why it stays parked (class, reason).
+    async fn prepare(
+        &mut self,
+        sql: &Client,
+        r: &parking::Release,
+    ) -> Result<Result<ParkedRecord, (&'static str, String)>, RelayError> {
         let route_ix = match self.table_of(&r.record) {
             ParkedTable::Listed(i) => i,
+            // Never through another table's mapping, topic or row.
             other => {
-                // Never through another table's mapping, topic or row.
-                let message = other.not_listed().unwrap_or_default();
-                parking::mark_failed(sql, r.id, "unknown_table", &message).await?;
-                tracing::error!(event_id = %r.record.event_id, "parked event not released: {message}");
-                return Ok(());
+                return Ok(Err((
+                    "unknown_table",
+                    other.not_listed().unwrap_or_default(),
+                )))
             }
         };
         // Never what the relay did not write, unchanged (see poison::vet).
         let refused = self
             .vetting
-            .vet(&self.slot, &mut self.routes[route_ix].provenance, sql, &r)
+            .vet(&self.slot, &mut self.routes[route_ix].provenance, sql, r)
             .await?;
         if let Some((class, message)) = refused {
-            parking::mark_failed(sql, r.id, class, &message).await?;
             let event_type = r.record.event_type.as_deref().unwrap_or("");
             let label = self.observed.labels.event_type(event_type).into_owned();
             metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class)
                 .increment(1);
             self.observed.errors.record(class, &label);
-            tracing::error!(event_id = %r.record.event_id, class, "parked event not released: {message}");
-            return Ok(());
+            return Ok(Err((class, message)));
         }
         // Never as stored: through the live router and the schema checks (see route::release).
         // The table's header is the relay's, recomputed from the table that vouched, never
@@ -395,7 +452,8 @@ impl PoisonHandler {
                 }
                 (record, v)
             });
-        let record = match rebuilt {
+        // It stays parked (and holds its aggregate) with the reason.
+        Ok(match rebuilt {
             Err(e) => Err((e.class(), e.to_string())),
             Ok((record, schema_version)) => {
                 // A NULL event type (Debezium preset) is checked as "", like the live path.
@@ -406,34 +464,12 @@ impl PoisonHandler {
                 };
                 checked.map(|()| record).map_err(|m| ("schema_invalid", m))
             }
-        };
-        let record = match record {
-            Ok(record) => record,
-            Err((class, message)) => {
-                // It stays parked (and holds its aggregate) with the reason; the next tick
-                // goes on with the next release.
-                parking::mark_failed(sql, r.id, class, &message).await?;
-                tracing::error!(event_id = %r.record.event_id, class, "parked event not released: {message}");
-                return Ok(());
-            }
-        };
-        let labels = &self.observed.labels;
-        let event_type = labels.event_type(record.event_type.as_deref().unwrap_or(""));
-        let topic = labels.topic(record.topic.as_deref().unwrap_or(""));
-        self.releasing = Some(Releasing {
-            id: r.id,
-            event_id: r.record.event_id.clone(),
-            aggregate_type: r.record.aggregate_type.clone(),
-            aggregate_id: r.record.aggregate_id.clone(),
-            published: metrics::counter!(crate::obs::PUBLISHED, "event_type" => event_type.into_owned(), "topic" => topic.into_owned()),
-        });
-        // Its verdict, a synchronous refusal included, arrives as an Ack.
-        producer.send_parked(&record, r.id).await;
-        Ok(())
+        })
     }
 
-    /// The broker's verdict on a released event: mark it, unblock its aggregate when nothing
-    /// else of it is parked, and release the next one.
+    /// The broker's verdict on a released event. The batch's last settles it in one
+    /// transaction (see `relay::releasing`), reads its aggregates' holds again and sends the
+    /// next batch.
     pub async fn on_release_ack(
         &mut self,
         sql: &Client,
@@ -441,35 +477,15 @@ impl PoisonHandler {
         verdict: Verdict,
         producer: &Producer,
     ) -> Result<(), RelayError> {
-        let Some(rel) = self.releasing.take_if(|r| r.id == id) else {
+        if !self.releasing.on_ack(id, verdict) {
             return Ok(());
-        };
-        match verdict {
-            Verdict::Delivered => {
-                parking::mark_delivered(sql, rel.id).await?;
-                // Every acknowledged event counts once in published: live, released or repaired.
-                rel.published.increment(1);
-                tracing::info!(event_id = %rel.event_id, aggregate_id = rel.aggregate_id.as_deref().unwrap_or(""), "parked event delivered");
-            }
-            Verdict::Rejected { class, message, .. } => {
-                parking::mark_failed(sql, rel.id, class, &message).await?;
-            }
-            Verdict::Retriable { message, .. } => {
-                // The row keeps its state and is tried again on the next tick.
-                tracing::warn!(event_id = %rel.event_id, "release failed transiently: {message}");
-                return Ok(());
-            }
         }
-        if let (Some(t), Some(a)) = (&rel.aggregate_type, &rel.aggregate_id) {
-            // Its aggregate's heads in every table, afresh: the release may have freed its own
-            // table's hold and no other.
-            let heads = parking::heads_of(sql, &self.slot, t, a).await?;
-            let ids = self.blocked.entry(t.clone()).or_default();
-            match heads.is_empty() {
-                true => ids.remove(a),
-                false => ids.insert(a.clone(), heads),
-            };
-        }
-        self.release_next(sql, producer).await
+        let mut settled = self.releasing.settle();
+        let mut failed = std::mem::take(&mut self.refused);
+        failed.extend(std::mem::take(&mut settled.failed));
+        parking::release::finish(sql, &failed, &settled.delivered).await?;
+        crate::relay::releasing::refresh_heads(sql, &self.slot, &mut self.blocked, &settled)
+            .await?;
+        self.release_batch(sql, producer).await
     }
 }

@@ -9,6 +9,7 @@
 
 pub(crate) mod bulk;
 pub(crate) mod operator;
+pub(crate) mod release;
 
 use crate::config::tables::SOURCE_TABLE_HEADER;
 use crate::error::RelayError;
@@ -64,7 +65,9 @@ pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
                 // tables (the repair role, a least-privilege relay) must still see them.
                 "SELECT to_regclass('outbox_parked') IS NOT NULL \
                           AND to_regclass('outbox_parked_audit') IS NOT NULL, \
-                        count(*) = 4 FROM pg_attribute WHERE NOT attisdropped \
+                        count(*) = 4 AND to_regclass('outbox_parked_release_idx') IS NOT NULL \
+                          AND to_regclass('outbox_parked_heads_idx') IS NOT NULL \
+                   FROM pg_attribute WHERE NOT attisdropped \
                    AND ((attrelid = to_regclass('outbox_parked') AND attname IN ('retry_audit_id', 'integrity_tag')) \
                      OR (attrelid = to_regclass('outbox_parked_audit') AND attname IN ('db_user', 'txid')))",
                 &[],
@@ -223,6 +226,11 @@ pub async fn blocked_aggregates(sql: &Client, slot: &str) -> Result<Blocked, Rel
             &[&slot],
         )
         .await?;
+    Ok(blocked_from(rows))
+}
+
+/// [`Blocked`] from rows of (aggregate_type, aggregate_id, table, head event_id).
+pub(crate) fn blocked_from(rows: Vec<tokio_postgres::Row>) -> Blocked {
     let mut b = Blocked::new();
     for r in rows {
         b.entry(r.get(0))
@@ -231,7 +239,7 @@ pub async fn blocked_aggregates(sql: &Client, slot: &str) -> Result<Blocked, Rel
             .or_default()
             .push((r.get(2), r.get(3)));
     }
-    Ok(b)
+    b
 }
 
 /// A parked row ready to be published.
@@ -261,77 +269,6 @@ impl Release {
     }
 }
 
-/// The oldest row that may be published now: asked to be retried (with its audit row), or
-/// blocked behind a head that is neither parked nor waiting for its own retry. One at a time,
-/// in stream order. A `retry` row whose audit row is missing is never released, and holds its
-/// aggregate like a parked one. A retry's payload is the one in its audit row when the operator
-/// corrected it (the parked copy itself never changes).
-///
-/// The hold is by `=`, not `IS NOT DISTINCT FROM`: only rows of a known aggregate hold
-/// (`blocks_aggregate` is set for those alone, and the guard lets a held row in only behind
-/// an equal aggregate), and `=` lets the open index find the rows ahead, so a release among
-/// thousands of held events costs an index probe, not a scan of them all (issue 40).
-pub async fn next_release(sql: &Client, slot: &str) -> Result<Option<Release>, RelayError> {
-    let row = sql
-        .query_opt(
-            &format!(
-                "SELECT p.id, p.event_id, p.aggregate_type, p.aggregate_id, p.aggregate_version, \
-                    p.event_type, p.topic, p.record_key, coalesce(a.new_payload, p.payload), \
-                    p.headers, p.record_ts_ms, p.state = 'retry', a.new_payload IS NOT NULL, \
-                    p.payload, p.blocks_aggregate, p.blocked_by, p.integrity_tag \
-             FROM outbox_parked p \
-             LEFT JOIN outbox_parked_audit a ON p.state = 'retry' AND a.id = p.retry_audit_id \
-                  AND a.slot = p.slot AND a.event_id = p.event_id AND a.action = 'retry' \
-             WHERE p.slot = $1 AND (p.state = 'blocked' OR (p.state = 'retry' AND a.id IS NOT NULL)) \
-               AND NOT EXISTS (SELECT 1 FROM outbox_parked h \
-                   WHERE h.slot = p.slot AND h.id < p.id AND h.blocks_aggregate \
-                     AND (h.state IN ('parked', 'retry') OR (h.state = 'blocked' AND p.state = 'blocked')) \
-                     AND h.aggregate_type = p.aggregate_type \
-                     AND h.aggregate_id = p.aggregate_id AND {}) \
-             ORDER BY p.id LIMIT 1",
-                same_table("h", "p")
-            ),
-            &[&slot],
-        )
-        .await?;
-    Ok(row.map(|r| {
-        let headers: Option<serde_json::Value> = r.get(9);
-        Release {
-            id: r.get(0),
-            record: ParkedRecord {
-                event_id: r.get(1),
-                aggregate_type: r.get(2),
-                aggregate_id: r.get(3),
-                aggregate_version: r.get(4),
-                event_type: r.get(5),
-                topic: r.get(6),
-                key: r.get(7),
-                payload: r.get(8),
-                headers: headers
-                    .and_then(|h| serde_json::from_value(h).ok())
-                    .unwrap_or_default(),
-                timestamp_ms: r.get(10),
-            },
-            retry: r.get(11),
-            corrected: r.get(12),
-            parked_payload: r.get(13),
-            blocks_aggregate: r.get(14),
-            blocked_by: r.get(15),
-            tag: r.get(16),
-        }
-    }))
-}
-
-/// The broker acknowledged a released row.
-pub async fn mark_delivered(sql: &Client, id: i64) -> Result<(), RelayError> {
-    sql.execute(
-        "UPDATE outbox_parked SET state = 'delivered', resolved_at = now(), last_seen = now() WHERE id = $1",
-        &[&id],
-    )
-    .await?;
-    Ok(())
-}
-
 /// A released row failed deterministically again: it becomes (or stays) a parked head.
 pub async fn mark_failed(
     sql: &Client,
@@ -346,31 +283,6 @@ pub async fn mark_failed(
     )
     .await?;
     Ok(())
-}
-
-/// The open heads of one aggregate, one per table (see [`Blocked`]), after a release.
-pub async fn heads_of(
-    sql: &Client,
-    slot: &str,
-    aggregate_type: &str,
-    aggregate_id: &str,
-) -> Result<Vec<(Option<String>, String)>, RelayError> {
-    Ok(sql
-        .query(
-            &format!(
-                "SELECT DISTINCT ON (t) t, event_id \
-                 FROM (SELECT {} AS t, event_id, id FROM outbox_parked p WHERE slot = $1 \
-                         AND aggregate_type = $2 AND aggregate_id = $3 AND blocks_aggregate \
-                         AND state IN ('parked', 'blocked', 'retry')) open \
-                 ORDER BY t, id",
-                table_of("p")
-            ),
-            &[&slot, &aggregate_type, &aggregate_id],
-        )
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect())
 }
 
 /// Open parked events per outbox table (the `source_table` header their records carry; `None`
@@ -402,16 +314,26 @@ pub(crate) fn bytes_of(alias: &str) -> String {
     )
 }
 
-/// The bytes the open rows of `slot` hold ([`bytes_of`]).
-pub async fn open_bytes(sql: &Client, slot: &str) -> Result<u64, RelayError> {
+/// The bytes the open rows of `slot` hold ([`bytes_of`]) — of the rows the relay could have
+/// written (issue 53): a record within `max_record_bytes` (the relay parks no larger one)
+/// and, with a key (`keyed`), a tag of its length. Lengths only: no value is read.
+pub async fn open_bytes(
+    sql: &Client,
+    slot: &str,
+    max_record_bytes: u64,
+    keyed: bool,
+) -> Result<u64, RelayError> {
+    let max = i64::try_from(max_record_bytes).unwrap_or(i64::MAX);
     let n: i64 = sql
         .query_one(
             &format!(
-                "SELECT coalesce(sum({}), 0)::int8 FROM outbox_parked p \
-                 WHERE p.slot = $1 AND p.state IN ('parked', 'blocked', 'retry')",
+                "SELECT coalesce(sum(b), 0)::int8 FROM (SELECT {} AS b, p.integrity_tag \
+                   FROM outbox_parked p \
+                   WHERE p.slot = $1 AND p.state IN ('parked', 'blocked', 'retry')) open \
+                 WHERE b <= $2::int8 AND (NOT $3 OR octet_length(integrity_tag) = 32)",
                 bytes_of("p")
             ),
-            &[&slot],
+            &[&slot, &max, &keyed],
         )
         .await?
         .get(0);

@@ -5,6 +5,10 @@
 use crate::error::RelayError;
 use tokio_postgres::Client;
 
+/// What is read of an `error_message` (issue 53): the relay writes a line; a row written
+/// through SQL may hold hundreds of MB, which the status page must not load every few seconds.
+pub const MESSAGE_CHARS: i32 = 4096;
+
 /// One row of `outboxd parked list`.
 pub struct Listed {
     pub event_id: String,
@@ -39,12 +43,12 @@ pub async fn list_at_most(
             &format!(
                 "SELECT event_id, state, coalesce(event_type, ''), coalesce(aggregate_type, ''), \
                         coalesce(aggregate_id, ''), aggregate_version, error_class, attempts, \
-                        to_char(first_seen, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'), error_message, {} \
+                        to_char(first_seen, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'), left(error_message, $4), {} \
                  FROM outbox_parked p WHERE slot = $1 \
                    AND ($2 OR state IN ('parked', 'blocked', 'retry')) ORDER BY id LIMIT $3",
                 super::table_of("p")
             ),
-            &[&slot, &all, &limit],
+            &[&slot, &all, &limit, &MESSAGE_CHARS],
         )
         .await?;
     Ok(rows
@@ -101,14 +105,14 @@ pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Det
         .query_opt(
             &format!(
                 "SELECT state, event_type, aggregate_type, aggregate_id, aggregate_version, topic, \
-                        error_class, error_message, attempts, first_seen::text, last_seen::text, \
+                        error_class, left(error_message, $3), attempts, first_seen::text, last_seen::text, \
                         blocked_by, coalesce((SELECT a.new_payload FROM outbox_parked_audit a \
                           WHERE p.state = 'retry' AND a.id = p.retry_audit_id), payload), \
                         headers::text, {} \
                  FROM outbox_parked p WHERE slot = $1 AND event_id = $2",
                 super::table_of("p")
             ),
-            &[&slot, &event_id],
+            &[&slot, &event_id, &MESSAGE_CHARS],
         )
         .await?
     else {
