@@ -316,6 +316,20 @@ pub async fn prepare(
         }
         None => None,
     };
+    // A pattern's table this snapshot sees that the recovery's tables lack was created (or
+    // renamed in) after they were resolved: its rows before the new slot are in no slot, and
+    // the session would take it for one born in the publication, streamed from its first row
+    // (issue 56, seed 5007). The recovery stops here, interrupted; the next one resolves it.
+    if let Some(f) = crate::slot::join::discover(cfg, &reader)
+        .await?
+        .into_iter()
+        .find(|f| f.published)
+    {
+        return Err(RelayError::TablesChanged(format!(
+            "outbox table {}.{} joined the publication while the recovery began",
+            f.schema, f.table
+        )));
+    }
     // A table not joined yet (it came into the relayed set during the gap: moved, renamed,
     // created with rows) is read whole, in version order: its join would republish its older
     // rows after the gap's, out of order (issue 56).

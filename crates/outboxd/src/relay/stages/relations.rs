@@ -136,14 +136,23 @@ impl Stages {
         });
     }
 
+    /// Does relation `oid` exist? A transaction the stream just gave may not be visible to
+    /// another connection's snapshot yet (its commit record is decoded before the server
+    /// shows it committed): asked again for up to a second before saying no.
     async fn table_exists(&self, oid: u32) -> Result<bool, RelayError> {
-        let q = async {
-            let r = self
-                .sql
-                .query_opt("SELECT 1 FROM pg_class WHERE oid = $1", &[&oid])
-                .await?;
-            Ok(r.is_some())
-        };
-        sql_bounded(q).await
+        for _ in 0..20 {
+            let q = async {
+                let r = self
+                    .sql
+                    .query_opt("SELECT 1 FROM pg_class WHERE oid = $1", &[&oid])
+                    .await?;
+                Ok(r.is_some())
+            };
+            if sql_bounded(q).await? {
+                return Ok(true);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Ok(false)
     }
 }
