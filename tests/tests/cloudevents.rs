@@ -445,3 +445,114 @@ async fn a_released_event_is_a_cloudevent_matching_its_row() -> anyhow::Result<(
     }
     Ok(())
 }
+
+/// Issue 55: a row's `ce_phase` header arrives as the extension `phase`, decoded by the
+/// CloudEvents SDK, in both modes; only a header that would set an attribute outboxd sets
+/// (`ce_type`) or is no CloudEvents name (`ce_Phase`) is parked, the reason naming the
+/// attribute or the rule, and the other aggregates' events flow on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ce_row_header_arrives_as_an_extension() -> anyhow::Result<()> {
+    if !sdk_present() {
+        eprintln!("SKIPPED: python3 cannot import cloudevents.v1.kafka; run scripts/deps.sh");
+        return Ok(());
+    }
+    for mode in ["binary", "structured"] {
+        let mut env = Env::start(&format!("ce_ext_{mode}")).await?;
+        env.extra_toml =
+            format!("[sink]\nformat = \"cloudevents\"\n[sink.cloudevents]\nmode = \"{mode}\"\n");
+        let topic = "outbox.event.job";
+        create_topics(&env.bootstrap(), &[topic], 2).await?;
+        let relay = Relay::start(env.config()?);
+        let c = env.sql().await?;
+        let rows = [
+            (
+                "j-1",
+                serde_json::json!({"ce_phase": "beta", "tenant_id": "t-1"}),
+            ),
+            ("j-2", serde_json::json!({"ce_type": "Forged"})),
+            ("j-3", serde_json::json!({"ce_Phase": "beta"})),
+            ("j-4", serde_json::json!({"ce_phase": "ga"})),
+        ];
+        let mut ids = vec![];
+        for (agg, headers) in &rows {
+            let id = Uuid::now_v7();
+            c.execute(
+                "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, \
+                 event_type, payload, headers) VALUES ($1, 'job', $2, 1, 'Started', '{\"n\": 1}', $3)",
+                &[&id, agg, headers],
+            )
+            .await?;
+            ids.push(id);
+        }
+        let recs = read_topic(&env.bootstrap(), topic, 2, Duration::from_secs(30))?;
+        eventually(Duration::from_secs(30), || async {
+            let n: i64 = c
+                .query_one("SELECT count(*) FROM outbox_parked", &[])
+                .await?
+                .get(0);
+            Ok(n == 2)
+        })
+        .await?;
+        let parked = c
+            .query(
+                "SELECT event_id::uuid, error_class, error_message FROM outbox_parked ORDER BY id",
+                &[],
+            )
+            .await?;
+        relay.shutdown().await?;
+        let decoded = decode(mode, &recs)?;
+        let mut phases: Vec<(String, String)> = decoded
+            .iter()
+            .map(|ev| {
+                let a = &ev["attributes"];
+                (
+                    a["subject"].as_str().unwrap_or_default().to_string(),
+                    a["phase"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect();
+        phases.sort();
+        assert_eq!(
+            phases,
+            [("j-1".into(), "beta".into()), ("j-4".into(), "ga".into())],
+            "{mode}"
+        );
+        for r in &recs {
+            let ext_header = r.header("ce_phase");
+            if mode == "binary" {
+                assert!(!ext_header.is_empty(), "binary: the ce_phase header");
+            } else {
+                assert!(
+                    ext_header.is_empty(),
+                    "structured: in the envelope, not a header"
+                );
+                let v: serde_json::Value = serde_json::from_slice(&r.value)?;
+                assert!(v["phase"].is_string(), "{v}");
+            }
+        }
+        let parked: Vec<(Uuid, String, String)> = parked
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        assert_eq!(parked.len(), 2, "{mode}: {parked:?}");
+        assert_eq!(
+            (parked[0].0, parked[0].1.as_str()),
+            (ids[1], "reserved_header")
+        );
+        assert!(
+            parked[0].2.contains("attribute `type`"),
+            "{mode}: {}",
+            parked[0].2
+        );
+        assert_eq!(
+            (parked[1].0, parked[1].1.as_str()),
+            (ids[2], "invalid_event")
+        );
+        assert!(
+            parked[1].2.contains("`ce_Phase`") && parked[1].2.contains("lower-case"),
+            "{mode}: {}",
+            parked[1].2
+        );
+    }
+    Ok(())
+}

@@ -220,6 +220,8 @@ pub fn slot_command(
         }
         Contestant::Outboxd
         | Contestant::OutboxdVariant
+        | Contestant::OutboxdCeBinary
+        | Contestant::OutboxdCeStructured
         | Contestant::OutboxdViaProxy
         | Contestant::OutboxdViaTls => {
             let path = w.dir.path().join(format!("{slot}.toml"));
@@ -243,6 +245,10 @@ pub fn slot_command(
                 .envs(cfg.relay_env.clone());
             if kind == Contestant::OutboxdVariant {
                 c.envs(cfg.variant_env.clone());
+            }
+            if let Some(mode) = kind.cloudevents() {
+                c.env("OUTBOXD_SINK_FORMAT", "cloudevents")
+                    .env("OUTBOXD_SINK_CLOUDEVENTS_MODE", mode);
             }
             c
         }

@@ -17,6 +17,10 @@ pub enum Contestant {
     /// outboxd with extra environment (`--variant-env`): a proposed fix, measured in the
     /// same run as the relay as it is.
     OutboxdVariant,
+    /// outboxd writing CloudEvents, binary content mode (`--cloudevents binary`).
+    OutboxdCeBinary,
+    /// outboxd writing CloudEvents, structured content mode (`--cloudevents structured`).
+    OutboxdCeStructured,
     /// outboxd whose broker is reached through a plain proxy ([`crate::kafka_hop`]): the
     /// reference of the TLS-to-Kafka comparison.
     OutboxdViaProxy,
@@ -33,6 +37,8 @@ impl Contestant {
             Self::CeilingBareTls => "ceiling: bare reader over TLS",
             Self::Outboxd => "outboxd",
             Self::OutboxdVariant => "outboxd (variant)",
+            Self::OutboxdCeBinary => "outboxd, CloudEvents binary",
+            Self::OutboxdCeStructured => "outboxd, CloudEvents structured",
             Self::OutboxdViaProxy => "outboxd → proxy → broker",
             Self::OutboxdViaTls => "outboxd → TLS proxy → broker",
             Self::Polling => "polling (SKIP LOCKED)",
@@ -47,6 +53,8 @@ impl Contestant {
             Self::CeilingBareTls => "baretls",
             Self::Outboxd => "ob",
             Self::OutboxdVariant => "obv",
+            Self::OutboxdCeBinary => "obceb",
+            Self::OutboxdCeStructured => "obces",
             Self::OutboxdViaProxy => "obpx",
             Self::OutboxdViaTls => "obtls",
             Self::Polling => "poll",
@@ -57,8 +65,31 @@ impl Contestant {
     pub fn is_outboxd(self) -> bool {
         matches!(
             self,
-            Self::Outboxd | Self::OutboxdVariant | Self::OutboxdViaProxy | Self::OutboxdViaTls
+            Self::Outboxd
+                | Self::OutboxdVariant
+                | Self::OutboxdCeBinary
+                | Self::OutboxdCeStructured
+                | Self::OutboxdViaProxy
+                | Self::OutboxdViaTls
         )
+    }
+
+    /// The CloudEvents content mode it writes (`None`: outboxd's plain records).
+    pub fn cloudevents(self) -> Option<&'static str> {
+        match self {
+            Self::OutboxdCeBinary => Some("binary"),
+            Self::OutboxdCeStructured => Some("structured"),
+            _ => None,
+        }
+    }
+
+    /// The contestant writing CloudEvents in `mode` (`binary` or `structured`).
+    pub fn for_cloudevents(mode: &str) -> Option<Self> {
+        match mode {
+            "binary" => Some(Self::OutboxdCeBinary),
+            "structured" => Some(Self::OutboxdCeStructured),
+            _ => None,
+        }
     }
 
     /// How it reaches the broker of the TLS-to-Kafka comparison (None: the main broker, direct).

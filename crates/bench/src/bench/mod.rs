@@ -133,12 +133,13 @@ pub struct Opts {
     /// `outboxd-bench-relay` of the commit before a change.
     #[arg(long)]
     pub variant_bin: Option<PathBuf>,
-    /// The variant writes CloudEvents in this content mode (`binary` or `structured`): the
-    /// cost of `[sink] format = "cloudevents"` against plain records in one run (issue 42).
-    /// Shorthand for `--variant-env OUTBOXD_SINK_FORMAT=cloudevents
-    /// --variant-env OUTBOXD_SINK_CLOUDEVENTS_MODE=<mode>`.
-    #[arg(long, value_parser = ["binary", "structured"])]
-    pub cloudevents: Option<String>,
+    /// Adds a contestant per CloudEvents content mode listed (`binary`, `structured`, or
+    /// both: `binary,structured`): outboxd with `[sink] format = "cloudevents"` in that mode
+    /// (`OUTBOXD_SINK_FORMAT`, `OUTBOXD_SINK_CLOUDEVENTS_MODE`), interleaved with outboxd's
+    /// plain records in the same runs; the report adds each mode's rate and relay CPU against
+    /// plain (issues 42 and 55).
+    #[arg(long, value_delimiter = ',', value_parser = ["binary", "structured"])]
+    pub cloudevents: Vec<String>,
 }
 
 impl Opts {
@@ -147,14 +148,15 @@ impl Opts {
         !self.variant_env.is_empty() || self.variant_bin.is_some()
     }
 
-    /// `--cloudevents` as the variant's environment.
-    fn apply_cloudevents(&mut self) {
-        if let Some(mode) = &self.cloudevents {
-            self.variant_env
-                .push("OUTBOXD_SINK_FORMAT=cloudevents".into());
-            self.variant_env
-                .push(format!("OUTBOXD_SINK_CLOUDEVENTS_MODE={mode}"));
-        }
+    /// The CloudEvents contestants (`--cloudevents`), each mode once.
+    pub(crate) fn cloudevents_kinds(&self) -> Vec<Contestant> {
+        let mut v: Vec<Contestant> = self
+            .cloudevents
+            .iter()
+            .filter_map(|m| Contestant::for_cloudevents(m))
+            .collect();
+        v.dedup();
+        v
     }
 
     fn apply_smoke(&mut self) {
@@ -207,7 +209,6 @@ pub(crate) fn log(msg: impl AsRef<str>) {
 /// Runs the whole benchmark and returns the report.
 pub async fn run(mut o: Opts, command: String) -> Result<Report> {
     o.apply_smoke();
-    o.apply_cloudevents();
     if o.tx_sizes.is_empty() || o.runs == 0 || o.latency_runs == 0 || o.events == 0 {
         bail!("--tx-sizes, --runs, --latency-runs and --events must be non-empty/positive");
     }
@@ -337,6 +338,7 @@ async fn throughput(w: &mut World, o: &Opts, cfg: &RunCfg, tx: usize) -> Result<
     if o.has_variant() {
         kinds.push(Contestant::OutboxdVariant);
     }
+    kinds.extend(o.cloudevents_kinds());
     // What TLS to Kafka costs, in the first transaction size's runs.
     if w.hop.is_some() && tx == o.tx_sizes[0] {
         kinds.extend([Contestant::OutboxdViaProxy, Contestant::OutboxdViaTls]);
@@ -351,6 +353,9 @@ async fn throughput(w: &mut World, o: &Opts, cfg: &RunCfg, tx: usize) -> Result<
         topics.push(topic(Contestant::Outboxd, r));
         topics.push(topic(Contestant::OutboxdVariant, r));
         topics.push(topic(Contestant::Polling, r));
+        for k in o.cloudevents_kinds() {
+            topics.push(topic(k, r));
+        }
     }
     w.create_topics(&topics, o.rows.partitions).await?;
     for &k in kinds.iter().filter(|k| k.hop().is_some()) {

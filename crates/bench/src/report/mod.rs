@@ -2,6 +2,7 @@
 //! ratios within this one run, Markdown for docs/benchmarks.md and JSON for tooling.
 
 pub mod cleanup;
+pub mod cloudevents;
 pub mod kafka_tls;
 pub mod rounds;
 
@@ -273,12 +274,14 @@ fn mib(k: Option<u64>) -> String {
     k.map_or("–".into(), |k| format!("{:.1}", k as f64 / 1024.0))
 }
 
-pub(crate) const ORDER: [Contestant; 8] = [
+pub(crate) const ORDER: [Contestant; 10] = [
     Contestant::CeilingRecvlogical,
     Contestant::CeilingBare,
     Contestant::CeilingBareTls,
     Contestant::Outboxd,
     Contestant::OutboxdVariant,
+    Contestant::OutboxdCeBinary,
+    Contestant::OutboxdCeStructured,
     Contestant::OutboxdViaProxy,
     Contestant::OutboxdViaTls,
     Contestant::Polling,
@@ -299,6 +302,7 @@ impl Report {
         for k in [Contestant::Outboxd, Contestant::OutboxdVariant] {
             self.targets_of(k, &mut t);
         }
+        self.cloudevents_targets(&mut t);
         t
     }
 
@@ -406,6 +410,7 @@ impl Report {
             }
             let _ = writeln!(w, "\nRuns (events/s): {}\n", runs_line(s));
         }
+        self.cloudevents_markdown(w);
         self.latency_markdown(w);
         self.kafka_tls_markdown(w);
         self.cleanup_markdown(w);

@@ -5,7 +5,7 @@
 use crate::model::cloudevents::{check_uri_reference, CloudEvents, Mode, Template, Var};
 use crate::model::route::SettingError;
 use serde::Deserialize;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// What a record looks like on the wire.
@@ -107,8 +107,8 @@ impl CloudEventsConfig {
 
 /// The (event type, schema version) pairs with a schema file: `<dir>/<type>/<version>.json`.
 /// An unreadable directory registers nothing (validation reports it on its own).
-fn registered(dir: &std::path::Path) -> HashSet<(String, String)> {
-    let mut out = HashSet::new();
+fn registered(dir: &std::path::Path) -> HashMap<String, HashSet<String>> {
+    let mut out: HashMap<String, HashSet<String>> = HashMap::new();
     let Ok(types) = std::fs::read_dir(dir) else {
         return out;
     };
@@ -120,7 +120,7 @@ fn registered(dir: &std::path::Path) -> HashSet<(String, String)> {
         for f in files.flatten() {
             let name = f.file_name().to_string_lossy().into_owned();
             if let Some(v) = name.strip_suffix(".json") {
-                out.insert((ty.clone(), v.to_string()));
+                out.entry(ty.clone()).or_default().insert(v.to_string());
             }
         }
     }

@@ -6,7 +6,7 @@
 //! error naming the setting, never a record the SDKs refuse.
 
 use super::route::SettingError;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// The CloudEvents Kafka protocol binding's content modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
@@ -108,6 +108,38 @@ impl Template {
         }
         Some(out)
     }
+
+    /// [`Template::render`] without copying what needs no copy: a template of one literal or
+    /// one placeholder is that text itself; only a composite one is written into `buf` (the
+    /// per-event path, issue 55).
+    pub fn render_with<'v>(
+        &'v self,
+        value: impl Fn(Var) -> Option<&'v str>,
+        buf: &'v mut String,
+    ) -> Option<&'v str> {
+        match self.0.as_slice() {
+            [Part::Lit(s)] => Some(s),
+            [Part::Var(v)] => value(*v),
+            parts => {
+                buf.clear();
+                for p in parts {
+                    match p {
+                        Part::Lit(s) => buf.push_str(s),
+                        Part::Var(v) => buf.push_str(value(*v)?),
+                    }
+                }
+                Some(buf)
+            }
+        }
+    }
+
+    /// Whether every placeholder has a value (the event can be rendered), without rendering.
+    pub fn renders(&self, has: impl Fn(Var) -> bool) -> bool {
+        self.0.iter().all(|p| match p {
+            Part::Lit(_) => true,
+            Part::Var(v) => has(*v),
+        })
+    }
 }
 
 /// `source` must be a URI-reference (RFC 3986): no whitespace, control characters or the
@@ -128,13 +160,20 @@ pub fn check_uri_reference(key: &str, s: &str) -> Result<(), SettingError> {
     }
 }
 
-/// A CloudEvents extension attribute name: lowercase ASCII letters and digits only
-/// (CloudEvents 1.0, "Attribute Naming Convention"), at most 20 characters recommended.
-pub fn is_extension_name(s: &str) -> bool {
+/// A CloudEvents attribute name as CloudEvents 1.0 requires ("Attribute Naming Convention":
+/// names MUST consist of lower-case ASCII letters `a`–`z` or digits `0`–`9`). The spec's other
+/// rule, at most 20 characters, is a SHOULD: the SDKs (Python, Go, Java) accept longer names.
+/// A row's `ce_<name>` header must pass this to become an extension (issue 55).
+pub fn is_attribute_name(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 20
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// A header name that structured mode carries as an extension attribute without being asked
+/// (no `ce_` prefix): a valid attribute name within the recommended 20 characters.
+pub fn is_extension_name(s: &str) -> bool {
+    s.len() <= 20 && is_attribute_name(s)
 }
 
 /// A table's CloudEvents settings, resolved (templates parsed, table names filled in).
@@ -148,8 +187,17 @@ pub struct CloudEvents {
     /// `dataschema`: rendered for events whose (event type, schema version) has a registered
     /// JSON Schema (`registered`); unset: no `dataschema`.
     pub dataschema: Option<Template>,
-    /// (event type, schema version) pairs with a schema file under `[validation] schema_dir`.
-    pub registered: HashSet<(String, String)>,
+    /// Event type → schema versions with a schema file under `[validation] schema_dir`.
+    pub registered: HashMap<String, HashSet<String>>,
+}
+
+impl CloudEvents {
+    /// Has (event type, schema version) a registered schema? (No allocation: per event.)
+    pub fn is_registered(&self, event_type: &str, version: &str) -> bool {
+        self.registered
+            .get(event_type)
+            .is_some_and(|v| v.contains(version))
+    }
 }
 
 /// The header of a parked CloudEvent holding its raw `created_at` (a parked CloudEvent is
@@ -157,7 +205,8 @@ pub struct CloudEvents {
 /// not one of the row's headers when a parked copy is compared with its row.
 pub const CREATED_AT_HEADER: &str = "outboxd_ce_created_at";
 
-/// The attribute and extension names outboxd sets itself: a row header may not take them.
+/// The attribute and extension names outboxd sets itself (and the JSON format's `data`
+/// members): a row header may not take them, with or without the `ce_` prefix.
 pub const OWN: &[&str] = &[
     "specversion",
     "id",
@@ -174,6 +223,19 @@ pub const OWN: &[&str] = &[
     "aggregateversion",
     "schemaversion",
 ];
+
+/// The Distributed Tracing extension's attributes, which outboxd takes from the row's
+/// `traceparent`/`tracestate` headers: a `ce_traceparent` row header would set them twice.
+pub const TRACE: &[&str] = &["traceparent", "tracestate"];
+
+/// The attribute a `ce_<name>` row header (or a header named like an attribute) would shadow:
+/// one outboxd sets itself, named for the parking reason. `None`: free for the row.
+pub fn own_attribute(name: &str) -> Option<&'static str> {
+    OWN.iter()
+        .chain(TRACE)
+        .copied()
+        .find(|a| a.eq_ignore_ascii_case(name))
+}
 
 #[cfg(test)]
 mod tests {
@@ -219,6 +281,15 @@ mod tests {
         assert!(is_extension_name("traceparent"));
         assert!(!is_extension_name("trace_parent"));
         assert!(!is_extension_name("Tenant"));
+        // Longer than the recommended 20: still an attribute name (the rule is a SHOULD).
+        assert!(!is_extension_name("averyveryverylongname1"));
+        assert!(is_attribute_name("averyveryverylongname1"));
+        assert!(is_attribute_name("9lives"));
+        assert!(!is_attribute_name(""));
+        assert!(!is_attribute_name("my-ext"));
+        assert_eq!(own_attribute("Subject"), Some("subject"));
+        assert_eq!(own_attribute("tracestate"), Some("tracestate"));
+        assert_eq!(own_attribute("phase"), None);
         assert!(check_uri_reference("source", "/outboxd/app/public.outbox").is_ok());
         assert!(check_uri_reference("source", "urn:x:y").is_ok());
         assert!(check_uri_reference("source", "/a b").is_err());

@@ -62,9 +62,17 @@ pub enum RouteError {
     /// `[sink] format = "cloudevents"`: the row cannot be a CloudEvent (issue 42).
     #[error("the event cannot be written as a CloudEvent: {0}")]
     CloudEvent(String),
-    /// `[sink] format = "cloudevents"`: a row header would shadow a CloudEvents attribute.
-    #[error("headers column sets `{0}`, which a CloudEvent carries as an attribute (ce_* and content-type headers, and the attribute names outboxd sets: specversion, id, source, type, subject, time, datacontenttype, dataschema, data, data_base64, partitionkey, aggregatetype, aggregateversion, schemaversion); rename the header")]
-    CloudEventHeader(String),
+    /// `[sink] format = "cloudevents"`: a row header would shadow a CloudEvents attribute that
+    /// outboxd sets itself (`ce_<attribute>`, the attribute's own name, or `content-type`).
+    #[error("headers column sets `{header}`, which would set the CloudEvents attribute `{attribute}`; outboxd sets `{attribute}` itself (the attributes it sets: specversion, id, source, type, subject, time, datacontenttype, dataschema, partitionkey, aggregatetype, aggregateversion, schemaversion, traceparent and tracestate from the row's `traceparent`/`tracestate` headers; data and data_base64 are the envelope's): rename the header")]
+    CloudEventAttribute {
+        header: String,
+        attribute: &'static str,
+    },
+    /// `[sink] format = "cloudevents"`: a `ce_` row header, which the Kafka binding reads as an
+    /// extension attribute, whose name is no CloudEvents attribute name.
+    #[error("headers column sets `{0}`: a `ce_` header is a CloudEvents extension attribute (Kafka protocol binding), but its name is not one CloudEvents 1.0 allows (the header must be `ce_` followed by lower-case ASCII letters a-z and digits 0-9 only); rename it, or drop the `ce_` prefix to send a plain Kafka header")]
+    CloudEventExtensionName(String),
 }
 
 /// The header names outboxd sets itself, from the row's columns: the wire contract, the same
@@ -92,8 +100,8 @@ impl RouteError {
     /// The poison class of a row that cannot be routed (`outbox_parked.error_class`, metrics).
     pub fn class(&self) -> &'static str {
         match self {
-            Self::ReservedHeader(_) | Self::CloudEventHeader(_) => "reserved_header",
-            Self::CloudEvent(_) => "invalid_event",
+            Self::ReservedHeader(_) | Self::CloudEventAttribute { .. } => "reserved_header",
+            Self::CloudEvent(_) | Self::CloudEventExtensionName(_) => "invalid_event",
             Self::MissingColumn { .. }
             | Self::NullField(_)
             | Self::NotUtf8(_)

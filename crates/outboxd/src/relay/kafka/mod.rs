@@ -207,6 +207,8 @@ pub struct Producer {
     /// Declared first so it is dropped (stopped and joined) before the client it feeds.
     _oidc: Option<crate::relay::kafka::oidc::Refresher>,
     inner: std::sync::Arc<ThreadedProducer<Ctx>>,
+    /// Initial room of a record's header list: 12 holds a binary-mode CloudEvent's (10–12)
+    /// without growing the list (outboxd's own format has 5–8).
     headers_cap: usize,
     _committer: Option<txn::Committer>,
 }
@@ -292,7 +294,7 @@ impl Producer {
             Self {
                 _oidc: oidc,
                 inner: std::sync::Arc::new(inner),
-                headers_cap: 8,
+                headers_cap: 12,
                 _committer: None,
             },
             rx,

@@ -249,7 +249,6 @@ impl RowMapping {
                 Some(spec) => Some(cloudevents::Ce {
                     spec: spec.clone(),
                     created_at: opt_text(self.created_at, "created_at")?,
-                    attrs: None,
                 }),
                 None => None,
             },
@@ -328,14 +327,12 @@ impl Event<'_> {
 
     /// Checks, once and before it is routed, what the record is built from: the row's extra
     /// headers, and for a CloudEvent its attributes (a `type` template needing a NULL
-    /// `event_type` included), which it keeps so the headers and the envelope do not build them
-    /// again. The stage parks the event when this fails; what it checked cannot fail later.
+    /// `event_type` included; nothing is built here: the headers and the envelope write the
+    /// attributes once each, see `cloudevents`). The stage parks the event when this fails;
+    /// what it checked cannot fail later.
     pub fn prepare(&mut self) -> Result<(), RouteError> {
         if let Some(ce) = &self.ce {
-            let a = cloudevents::attributes(self, ce)?;
-            if let Some(ce) = &mut self.ce {
-                ce.attrs = Some(a);
-            }
+            cloudevents::check(self, ce)?;
         } else if self.headers.is_some() {
             self.for_each_header(|_, _| {})?;
         }

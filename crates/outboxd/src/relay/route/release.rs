@@ -107,7 +107,6 @@ pub fn rebuild(
                     .iter()
                     .find(|(k, _)| k == super::cloudevents::CREATED_AT_HEADER)
                     .and_then(|(_, v)| v.as_deref()),
-                attrs: None,
             }),
         content_type: names.content_type.clone(),
         // The parked record keeps bytes, not the column's type: a payload that is no JSON came
