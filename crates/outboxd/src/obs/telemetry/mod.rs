@@ -111,6 +111,8 @@ pub struct Traces {
     /// Fires when the export thread ended (after its last export).
     done: Mutex<Receiver<()>>,
     failed: Mutex<HashMap<String, u32>>,
+    /// How many events `failed` holds: while none, no span start or end takes its lock.
+    failing: AtomicUsize,
     root: Sampler,
     random: RandomIdGenerator,
 }
@@ -191,6 +193,7 @@ impl Traces {
             provider: Some(provider),
             done: Mutex::new(done_rx),
             failed: Mutex::new(HashMap::new()),
+            failing: AtomicUsize::new(0),
             root: Sampler::TraceIdRatioBased(cfg.root_sample_ratio),
             random: RandomIdGenerator::default(),
         }))
@@ -214,6 +217,9 @@ impl Traces {
 
     /// How often this relay failed to deliver `event_id` (0: never, or it was delivered since).
     fn failures(&self, event_id: &str) -> u32 {
+        if self.failing.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         self.failed
             .lock()
             .ok()
@@ -223,6 +229,9 @@ impl Traces {
 
     /// Notes a failed (`true`) or a successful delivery of `event_id`.
     fn note(&self, event_id: &str, failed: bool) {
+        if !failed && self.failing.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let Ok(mut f) = self.failed.lock() else {
             return;
         };
@@ -233,6 +242,7 @@ impl Traces {
         } else if f.len() < FAILED_CAP {
             f.insert(event_id.to_string(), 1);
         }
+        self.failing.store(f.len(), Ordering::Release);
     }
 
     /// Would a root span in `trace` be sampled (the same decision the SDK makes)?
