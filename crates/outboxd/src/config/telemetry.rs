@@ -64,8 +64,9 @@ pub struct TelemetryConfig {
     /// `OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT` in ms (default 10000): one export's limit.
     #[serde(default, deserialize_with = "lenient_some")]
     pub timeout_ms: Option<u64>,
-    /// `OTEL_BSP_MAX_QUEUE_SIZE` (default 2048): finished spans waiting for export; beyond it
-    /// spans are dropped (and counted), never waited for.
+    /// `OTEL_BSP_MAX_QUEUE_SIZE` (default 65536, not the specification's 2048: that overflowed
+    /// a backlog): finished spans waiting for export; beyond it spans are dropped (and
+    /// counted), never waited for.
     #[serde(default, deserialize_with = "lenient_some")]
     pub max_queue_size: Option<usize>,
     /// `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` (default 512).

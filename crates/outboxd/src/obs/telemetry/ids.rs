@@ -10,84 +10,9 @@
 //! - a root span (row without a `traceparent`, `root_sample_ratio` > 0) gets a trace id derived
 //!   from the `event_id`, so a redelivery makes the same sampling decision and lands in the
 //!   same trace.
-//!
-//! The SDK draws ids from its [`IdGenerator`] while it builds a span, on the calling thread;
-//! [`Next::with_ids`] puts the derived ones where [`Derived`] (the relay's generator, sharing
-//! that [`Next`]) finds them for exactly that call. Span starts of one relay take turns on
-//! [`Next`] (a lock held while one span is built), so no span draws another's id.
 
 use opentelemetry::trace::{SpanId, TraceId};
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use sha2::{Digest as _, Sha256};
-use std::sync::{Arc, Mutex};
-
-/// The ids the next span built takes (`None`: random).
-#[derive(Debug, Default, Clone, Copy)]
-struct Ids {
-    span: Option<SpanId>,
-    trace: Option<TraceId>,
-}
-
-/// One relay's handover of derived ids to its generator.
-#[derive(Debug, Default, Clone)]
-pub(super) struct Next {
-    /// Held while a span is built: span starts take turns.
-    turn: Arc<Mutex<()>>,
-    ids: Arc<Mutex<Ids>>,
-}
-
-impl Next {
-    /// Runs `build` (which starts one span) with `span`/`trace` as the ids the SDK draws;
-    /// whatever it did not draw is cleared afterwards, so no later span inherits it.
-    pub(super) fn with_ids<T>(
-        &self,
-        span: Option<SpanId>,
-        trace: Option<TraceId>,
-        build: impl FnOnce() -> T,
-    ) -> T {
-        let _turn = self.turn.lock().unwrap_or_else(|p| p.into_inner());
-        self.set(Ids { span, trace });
-        let out = build();
-        self.set(Ids::default());
-        out
-    }
-
-    fn set(&self, ids: Ids) {
-        *self.ids() = ids;
-    }
-
-    fn ids(&self) -> std::sync::MutexGuard<'_, Ids> {
-        self.ids.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Hands out the ids [`Next::with_ids`] set for the span being built, random ones otherwise.
-#[derive(Debug)]
-pub(super) struct Derived {
-    next: Next,
-    random: RandomIdGenerator,
-}
-
-impl Derived {
-    pub(super) fn new(next: Next) -> Self {
-        Self {
-            next,
-            random: RandomIdGenerator::default(),
-        }
-    }
-}
-
-impl IdGenerator for Derived {
-    fn new_trace_id(&self) -> TraceId {
-        let set = self.next.ids().trace.take();
-        set.unwrap_or_else(|| self.random.new_trace_id())
-    }
-
-    fn new_span_id(&self) -> SpanId {
-        let set = self.next.ids().span.take();
-        set.unwrap_or_else(|| self.random.new_span_id())
-    }
-}
 
 /// The trace id of a root span for `event_id`.
 pub fn root_trace(event_id: &str) -> TraceId {
@@ -137,20 +62,5 @@ mod tests {
         assert_ne!(s0, publish_span(t, "e2", 0));
         assert_ne!(s0, publish_span(root_trace("x"), "e1", 0));
         assert_ne!(s0, SpanId::INVALID);
-    }
-
-    #[test]
-    fn the_generator_hands_out_what_was_set_once() {
-        let next = Next::default();
-        let g = Derived::new(next.clone());
-        let want = SpanId::from_bytes([1, 2, 3, 4, 5, 6, 7, 8]);
-        let got = next.with_ids(Some(want), Some(root_trace("e")), || {
-            (g.new_span_id(), g.new_trace_id())
-        });
-        assert_eq!(got, (want, root_trace("e")));
-        // Not drawn inside: cleared, the next one is random.
-        next.with_ids(Some(want), Some(root_trace("e")), || ());
-        assert_ne!(g.new_span_id(), want);
-        assert_ne!(g.new_trace_id(), root_trace("e"));
     }
 }

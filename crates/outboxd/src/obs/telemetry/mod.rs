@@ -4,29 +4,34 @@
 //!
 //! The exporter never slows delivery: a finished span goes into a bounded queue with
 //! `try_send` (a full queue drops it and counts it in `outboxd_trace_spans_dropped_total`),
-//! and one thread of its own exports batches from that queue. A failed export (receiver down,
-//! slow, refusing) drops its batch, counted the same way; the next batch tries again, so the
-//! exporter reconnects by itself. One [`Traces`] per relay (it lives in the relay's
+//! and one thread of its own exports batches from that queue. A publish span travels as a
+//! fixed-size record ([`record`]); the export thread turns it into OTLP. The thread sleeps until
+//! a batch is queued or the schedule delay passed (it is woken once per batch, not per span).
+//! A failed export (receiver down, slow, refusing) drops its batch, counted the same way; the
+//! next batch tries again, so the exporter reconnects by itself. One [`Traces`] per relay (it lives in the relay's
 //! `Observed`, created by the first producer), shared by its sessions; nothing is global.
 
 mod http_client;
 pub mod ids;
 pub mod ops;
+mod record;
 pub(crate) mod span;
 
 use crate::config::telemetry::{Protocol, TelemetryConfig};
-use opentelemetry::trace::{Link, SpanKind, TraceId};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::trace::{SpanId, SpanKind, TraceId};
+use opentelemetry::KeyValue;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    Sampler, SamplingDecision, SamplingResult, SdkTracer, SdkTracerProvider, ShouldSample,
-    SpanData, SpanExporter as _, SpanProcessor,
+    IdGenerator as _, RandomIdGenerator, Sampler, SamplingDecision, SdkTracer, SdkTracerProvider,
+    ShouldSample, SpanData, SpanExporter as _, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 pub use span::Telemetry;
@@ -36,20 +41,55 @@ fn dropped(n: usize) {
     metrics::counter!(crate::obs::TRACE_SPANS_DROPPED).increment(n as u64);
 }
 
-/// Hands finished spans to the export thread without ever waiting.
-#[derive(Debug)]
-struct Queue {
-    tx: SyncSender<SpanData>,
+/// Spans the export queue holds by default (`max_queue_size`): 2.5 s of spans at 26k events/s,
+/// 0.5 s at the ~130k events/s a backlog drains at (queued items are pointers: ~1.5 MB).
+const DEFAULT_QUEUE: usize = 65_536;
+
+/// What the queue carries: a publish span's record, or a span of the relay's own work (built
+/// by the SDK, `ops`).
+enum Item {
+    Publish(Box<record::Record>),
+    Sdk(Box<SpanData>),
 }
+
+/// Hands finished spans to the export thread without ever waiting; wakes it once a batch is
+/// queued (waking it per span would cost a context switch per span).
+#[derive(Debug, Clone)]
+struct Handoff {
+    tx: SyncSender<Item>,
+    queued: Arc<AtomicUsize>,
+    batch: usize,
+    exporter: Thread,
+}
+
+impl Handoff {
+    fn send(&self, item: Item) {
+        match self.tx.try_send(item) {
+            Ok(()) => {
+                if self.queued.fetch_add(1, Ordering::Relaxed) + 1 >= self.batch {
+                    self.exporter.unpark();
+                }
+            }
+            Err(_) => dropped(1),
+        }
+    }
+}
+
+impl std::fmt::Debug for Item {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Item")
+    }
+}
+
+/// The relay's own spans (`ops`), from the SDK into the same queue.
+#[derive(Debug)]
+struct Queue(Handoff);
 
 impl SpanProcessor for Queue {
     fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &opentelemetry::Context) {}
 
     fn on_end(&self, span: SpanData) {
-        match self.tx.try_send(span) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => dropped(1),
-        }
+        self.0.send(Item::Sdk(Box::new(span)));
     }
 
     fn force_flush(&self) -> OTelSdkResult {
@@ -61,45 +101,20 @@ impl SpanProcessor for Queue {
     }
 }
 
-/// Publish spans (PRODUCER) follow their row: parent-based, rows without a trace sampled at
-/// `root_sample_ratio`. The relay's own spans (INTERNAL, `ops`) are few and always kept.
-#[derive(Debug, Clone)]
-struct Sampling {
-    publish: Sampler,
-}
-
-impl ShouldSample for Sampling {
-    fn should_sample(
-        &self,
-        parent: Option<&Context>,
-        trace: TraceId,
-        name: &str,
-        kind: &SpanKind,
-        attrs: &[KeyValue],
-        links: &[Link],
-    ) -> SamplingResult {
-        match kind {
-            SpanKind::Internal => {
-                Sampler::AlwaysOn.should_sample(parent, trace, name, kind, attrs, links)
-            }
-            _ => self
-                .publish
-                .should_sample(parent, trace, name, kind, attrs, links),
-        }
-    }
-}
-
-/// One relay's trace pipeline: the tracer, the export thread behind it, and the events whose
-/// delivery failed (their next publish span gets an id of its own, [`ids::publish_span`]).
+/// One relay's trace pipeline: the queue to the export thread, the SDK tracer of the relay's
+/// own spans, and the events whose delivery failed (their next publish span gets an id of its
+/// own, [`ids::publish_span`]).
 pub struct Traces {
+    handoff: Option<Handoff>,
     tracer: Option<SdkTracer>,
     provider: Option<SdkTracerProvider>,
     /// Fires when the export thread ended (after its last export).
     done: Mutex<Receiver<()>>,
     failed: Mutex<HashMap<String, u32>>,
-    root_sample_ratio: f64,
-    /// Where a span start puts the ids its span takes ([`ids`]).
-    next: ids::Next,
+    /// How many events `failed` holds: while none, no span start or end takes its lock.
+    failing: AtomicUsize,
+    root: Sampler,
+    random: RandomIdGenerator,
 }
 
 impl std::fmt::Debug for Traces {
@@ -131,19 +146,28 @@ impl Traces {
             cfg.service_name.clone().unwrap_or_else(|| "outboxd".into()),
         ));
         let resource = Resource::builder_empty().with_attributes(attrs).build();
-        let (tx, rx) = std::sync::mpsc::sync_channel(cfg.max_queue_size.unwrap_or(2048));
+        let (tx, rx) = std::sync::mpsc::sync_channel(cfg.max_queue_size.unwrap_or(DEFAULT_QUEUE));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         let thread_cfg = cfg.clone();
         let thread_redactor = redactor.clone();
         let thread_resource = resource.clone();
-        std::thread::Builder::new()
+        let queued = Arc::new(AtomicUsize::new(0));
+        let thread_queued = queued.clone();
+        let exporter = std::thread::Builder::new()
             .name("outboxd-otlp".into())
             .spawn(move || {
-                export_loop(thread_cfg, thread_redactor, thread_resource, rx, ready_tx);
+                let q = (rx, thread_queued);
+                export_loop(thread_cfg, thread_redactor, thread_resource, q, ready_tx);
                 let _ = done_tx.send(());
             })
             .map_err(|e| format!("cannot start the trace export thread: {e}"))?;
+        let handoff = Handoff {
+            tx,
+            queued,
+            batch: cfg.max_export_batch_size.unwrap_or(512),
+            exporter: exporter.thread().clone(),
+        };
         ready_rx
             .recv()
             .map_err(|_| "the trace export thread ended at start".to_string())??;
@@ -155,23 +179,23 @@ impl Traces {
                  the path can read them; use https://"
             );
         }
-        let publish =
-            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.root_sample_ratio)));
-        let next = ids::Next::default();
+        // The SDK builds only the relay's own spans (INTERNAL, a handful per session: always
+        // sampled); publish spans are sampled in `span` (parent-based, roots by `root`).
         let provider = SdkTracerProvider::builder()
-            .with_span_processor(Queue { tx })
-            .with_sampler(Sampling { publish })
-            .with_id_generator(ids::Derived::new(next.clone()))
+            .with_span_processor(Queue(handoff.clone()))
+            .with_sampler(Sampler::AlwaysOn)
             .with_resource(resource)
             .build();
         use opentelemetry::trace::TracerProvider as _;
         Ok(Some(Self {
+            handoff: Some(handoff),
             tracer: Some(provider.tracer("outboxd")),
             provider: Some(provider),
             done: Mutex::new(done_rx),
             failed: Mutex::new(HashMap::new()),
-            root_sample_ratio: cfg.root_sample_ratio,
-            next,
+            failing: AtomicUsize::new(0),
+            root: Sampler::TraceIdRatioBased(cfg.root_sample_ratio),
+            random: RandomIdGenerator::default(),
         }))
     }
 
@@ -179,19 +203,23 @@ impl Traces {
         self.tracer.as_ref().expect("set until drop")
     }
 
-    /// Builds one span with the given ids (`None`: random); every span start goes through
-    /// here, so they take turns on the handover ([`ids::Next`]).
-    fn build<T>(
-        &self,
-        span: Option<opentelemetry::trace::SpanId>,
-        trace: Option<TraceId>,
-        build: impl FnOnce(&SdkTracer) -> T,
-    ) -> T {
-        self.next.with_ids(span, trace, || build(self.tracer()))
+    /// Queues a finished span for export (dropped and counted when the queue is full).
+    fn send(&self, item: Item) {
+        match &self.handoff {
+            Some(h) => h.send(item),
+            None => dropped(1),
+        }
+    }
+
+    fn random_span_id(&self) -> SpanId {
+        self.random.new_span_id()
     }
 
     /// How often this relay failed to deliver `event_id` (0: never, or it was delivered since).
     fn failures(&self, event_id: &str) -> u32 {
+        if self.failing.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         self.failed
             .lock()
             .ok()
@@ -201,6 +229,9 @@ impl Traces {
 
     /// Notes a failed (`true`) or a successful delivery of `event_id`.
     fn note(&self, event_id: &str, failed: bool) {
+        if !failed && self.failing.load(Ordering::Acquire) == 0 {
+            return;
+        }
         let Ok(mut f) = self.failed.lock() else {
             return;
         };
@@ -211,18 +242,14 @@ impl Traces {
         } else if f.len() < FAILED_CAP {
             f.insert(event_id.to_string(), 1);
         }
+        self.failing.store(f.len(), Ordering::Release);
     }
 
     /// Would a root span in `trace` be sampled (the same decision the SDK makes)?
     fn samples_root(&self, trace: TraceId) -> bool {
-        let r = Sampler::TraceIdRatioBased(self.root_sample_ratio).should_sample(
-            None,
-            trace,
-            "",
-            &SpanKind::Producer,
-            &[],
-            &[],
-        );
+        let r = self
+            .root
+            .should_sample(None, trace, "", &SpanKind::Producer, &[], &[]);
         matches!(r.decision, SamplingDecision::RecordAndSample)
     }
 }
@@ -234,6 +261,12 @@ impl Drop for Traces {
         self.tracer.take();
         if let Some(p) = self.provider.take() {
             let _ = p.shutdown();
+        }
+        // The last sender gone, the woken thread exports what is queued and ends.
+        if let Some(h) = self.handoff.take() {
+            let exporter = h.exporter.clone();
+            drop(h);
+            exporter.unpark();
         }
         if let Ok(done) = self.done.lock() {
             let _ = done.recv_timeout(Duration::from_secs(2));
@@ -326,7 +359,7 @@ fn export_loop(
     cfg: TelemetryConfig,
     redactor: crate::config::secrets::Redactor,
     resource: Resource,
-    rx: Receiver<SpanData>,
+    (rx, queued): (Receiver<Item>, Arc<AtomicUsize>),
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -355,25 +388,50 @@ fn export_loop(
     let _ = ready.send(Ok(()));
     let max = cfg.max_export_batch_size.unwrap_or(512);
     let delay = Duration::from_millis(cfg.schedule_delay_ms.unwrap_or(1000));
+    let scope = opentelemetry::InstrumentationScope::builder("outboxd").build();
     let mut failing = false;
+    // While exports fail, one attempt per schedule delay: the batches between are dropped
+    // (counted) without being encoded.
+    let mut tried = Instant::now();
     let mut open = true;
     while open {
-        let mut batch = Vec::new();
+        let mut batch = Vec::with_capacity(max.min(4096));
         let deadline = Instant::now() + delay;
-        while batch.len() < max {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(s) => batch.push(s),
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => {
-                    open = false;
-                    break;
+        // Sleeps until a batch is queued (the sender wakes it) or the delay passed.
+        loop {
+            while batch.len() < max {
+                match rx.try_recv() {
+                    Ok(item) => batch.push(item),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
                 }
+                queued.fetch_sub(1, Ordering::Relaxed);
             }
+            let now = Instant::now();
+            if batch.len() >= max || !open || now >= deadline {
+                break;
+            }
+            std::thread::park_timeout(deadline - now);
         }
         if batch.is_empty() {
             continue;
         }
         let n = batch.len();
+        if failing && tried.elapsed() < delay && open {
+            dropped(n);
+            continue;
+        }
+        tried = Instant::now();
+        let batch = batch
+            .into_iter()
+            .map(|item| match item {
+                Item::Publish(r) => r.into_span_data(&scope),
+                Item::Sdk(s) => *s,
+            })
+            .collect();
         match rt.block_on(exporter.export(batch)) {
             Ok(()) => {
                 if failing {

@@ -23,13 +23,12 @@ impl Op {
     /// Starts `name` (e.g. `outboxd session start`); a no-op without a trace pipeline.
     pub fn start(traces: Option<&Traces>, name: &'static str, attrs: Vec<KeyValue>) -> Self {
         let span = traces.map(|t| {
-            t.build(None, None, |tracer| {
-                tracer
-                    .span_builder(name)
-                    .with_kind(SpanKind::Internal)
-                    .with_attributes(attrs)
-                    .start(tracer)
-            })
+            let tracer = t.tracer();
+            tracer
+                .span_builder(name)
+                .with_kind(SpanKind::Internal)
+                .with_attributes(attrs)
+                .start(tracer)
         });
         Self { span, done: false }
     }

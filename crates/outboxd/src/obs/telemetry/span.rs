@@ -8,16 +8,17 @@
 //! OpenTelemetry messaging conventions for Kafka; never a payload, never a header value.
 //! Span ids are derived from the event ([`super::ids`]): a redelivered record is byte-identical
 //! and a replay links to the first publish span without anything stored per event.
+//!
+//! The delivery path builds no SDK span: a started span is a fixed-size [`Record`] (ids, times,
+//! the topic, `event_id` and key copied inline), kept until the acknowledgement and then handed
+//! to the export thread, which names it, adds its attributes and encodes it (issue 55).
 
-use super::Traces;
-use opentelemetry::trace::{
-    Link, SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags, TraceId,
-    TraceState, Tracer as _,
-};
-use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::trace::Span;
+use super::record::{End, Note, Record, Small};
+use super::{Item, Traces};
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 /// A W3C `traceparent` as a span context (`None`: absent or malformed, which the spec says to
 /// treat as absent).
@@ -49,7 +50,8 @@ pub fn parse_traceparent(tp: &str, tracestate: Option<&str>) -> Option<SpanConte
 }
 
 /// The `traceparent` naming `cx`.
-pub fn traceparent(cx: &SpanContext) -> String {
+#[cfg(test)]
+fn traceparent(cx: &SpanContext) -> String {
     format!(
         "00-{}-{}-{:02x}",
         cx.trace_id(),
@@ -80,10 +82,37 @@ impl RowTrace {
     }
 }
 
+/// A `traceparent` header value, built in place (`00-<trace>-<span>-<flags>`).
+#[derive(Clone, Copy)]
+pub struct Traceparent([u8; 55]);
+
+impl Traceparent {
+    fn new(trace: TraceId, span: SpanId, flags: u8) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut b = [b'-'; 55];
+        b[0] = b'0';
+        b[1] = b'0';
+        let mut put = |at: usize, bytes: &[u8]| {
+            for (i, x) in bytes.iter().enumerate() {
+                b[at + 2 * i] = HEX[usize::from(x >> 4)];
+                b[at + 2 * i + 1] = HEX[usize::from(x & 0xf)];
+            }
+        };
+        put(3, &trace.to_bytes());
+        put(36, &span.to_bytes());
+        put(53, &[flags]);
+        Self(b)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// A started publish span and the `traceparent` the record carries instead of the row's.
 pub struct Started {
-    pub header: String,
-    span: Span,
+    pub header: Traceparent,
+    record: Box<Record>,
 }
 
 /// The fields of a record a span describes.
@@ -104,11 +133,11 @@ pub enum Publisher {
 }
 
 /// One producer's publish spans: the relay's [`Traces`] and the spans of records not yet
-/// acknowledged, by the record's delivery opaque (with their `event_id`).
+/// acknowledged, by the record's delivery opaque.
 pub struct Telemetry {
     traces: Arc<Traces>,
     publisher: Publisher,
-    open: Mutex<HashMap<usize, (Span, String)>>,
+    open: Mutex<HashMap<usize, Box<Record>>>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -121,9 +150,10 @@ impl Drop for Telemetry {
     fn drop(&mut self) {
         // Spans of records never acknowledged (session ended) are ended as such.
         if let Ok(mut open) = self.open.lock() {
-            for (_, (mut s, _)) in open.drain() {
-                opentelemetry::trace::Span::add_event(&mut s, "outboxd.session_ended", vec![]);
-                opentelemetry::trace::Span::end(&mut s);
+            for (_, mut r) in open.drain() {
+                r.end = End::SessionEnded;
+                r.end_time = SystemTime::now();
+                self.traces.send(Item::Publish(r));
             }
         }
     }
@@ -146,89 +176,87 @@ impl Telemetry {
         row: &RowTrace,
         link: Option<SpanContext>,
     ) -> Option<Started> {
-        use opentelemetry::trace::Span as _;
         let row_cx = row
             .traceparent
             .as_deref()
             .and_then(|tp| parse_traceparent(tp, row.tracestate.as_deref()));
-        let (parent, trace) = match &row_cx {
+        let trace = match &row_cx {
             // Parent-based: an unsampled parent means no span at all.
             Some(cx) if !cx.is_sampled() => return None,
-            Some(cx) => (
-                Context::new().with_remote_span_context(cx.clone()),
-                cx.trace_id(),
-            ),
-            None => (Context::new(), super::ids::root_trace(p.event_id)),
+            Some(cx) => cx.trace_id(),
+            // A root span's trace id is derived too (same sampling decision on a redelivery).
+            None => {
+                let t = super::ids::root_trace(p.event_id);
+                if !self.traces.samples_root(t) {
+                    return None;
+                }
+                t
+            }
         };
         // A released event links to what it carried; a replayed one to its first publish span
-        // (when that one was sampled: always with a sampled parent, by ratio for a root).
+        // (which was sampled: with a sampled parent always, by ratio for a root — the same
+        // decision as above).
         let link = match self.publisher {
-            Publisher::Replay if row_cx.is_some() || self.traces.samples_root(trace) => {
-                Some(SpanContext::new(
-                    trace,
-                    super::ids::publish_span(trace, p.event_id, 0),
-                    TraceFlags::SAMPLED,
-                    true,
-                    TraceState::default(),
-                ))
-            }
-            _ => link,
-        };
-        let span_id = match (self.publisher, link.is_some()) {
-            (Publisher::Stream, false) => Some(super::ids::publish_span(
+            Publisher::Replay => Some(SpanContext::new(
                 trace,
-                p.event_id,
-                self.traces.failures(p.event_id),
+                super::ids::publish_span(trace, p.event_id, 0),
+                TraceFlags::SAMPLED,
+                true,
+                TraceState::default(),
             )),
-            _ => None,
+            Publisher::Stream => link,
         };
-        let mut attrs = vec![
-            KeyValue::new("messaging.system", "kafka"),
-            KeyValue::new("messaging.operation.type", "send"),
-            KeyValue::new("messaging.operation.name", "send"),
-            KeyValue::new("messaging.destination.name", p.topic.to_string()),
-            KeyValue::new("messaging.message.id", p.event_id.to_string()),
-        ];
-        if let Some(k) = p.key {
-            attrs.push(KeyValue::new("messaging.kafka.message.key", k.to_string()));
-        }
-        let republished = match (self.publisher, link.is_some()) {
-            (Publisher::Replay, _) => Some("outboxd.replayed"),
-            (Publisher::Stream, true) => Some("outboxd.republished"),
-            (Publisher::Stream, false) => None,
-        };
-        // A root span's trace id is derived too (same sampling decision on a redelivery).
-        let root_trace = row_cx.is_none().then_some(trace);
-        let mut span = self.traces.build(span_id, root_trace, |tracer| {
-            let mut b = tracer
-                .span_builder(format!("send {}", p.topic))
-                .with_kind(SpanKind::Producer)
-                .with_attributes(attrs);
-            if let Some(l) = link {
-                b = b.with_links(vec![Link::with_context(l)]);
+        let span = match (self.publisher, link.is_some()) {
+            (Publisher::Stream, false) => {
+                super::ids::publish_span(trace, p.event_id, self.traces.failures(p.event_id))
             }
-            b.start_with_context(tracer, &parent)
-        });
-        let cx = span.span_context().clone();
-        if !cx.is_sampled() {
-            return None;
-        }
-        if let Some(ev) = republished {
-            span.add_event(ev, vec![]);
-        }
-        Some(Started {
-            header: traceparent(&cx),
+            _ => self.traces.random_span_id(),
+        };
+        let note = match (self.publisher, link.is_some()) {
+            (Publisher::Replay, _) => Note::At("outboxd.replayed"),
+            (Publisher::Stream, true) => Note::At("outboxd.republished"),
+            (Publisher::Stream, false) => Note::None,
+        };
+        let (parent, tracestate) = match row_cx {
+            Some(cx) => {
+                let state = cx.trace_state();
+                let state = (*state != TraceState::default()).then(|| Box::new(state.clone()));
+                (Some(cx.span_id()), state)
+            }
+            None => (None, None),
+        };
+        let now = SystemTime::now();
+        let record = Box::new(Record {
+            trace,
             span,
+            parent,
+            tracestate,
+            link: link.map(Box::new),
+            start: now,
+            end_time: now,
+            topic: Small::new(p.topic),
+            event_id: Small::new(p.event_id),
+            key: p.key.map(Small::new),
+            note,
+            end: End::Open,
+        });
+        Some(Started {
+            header: Traceparent::new(trace, span, TraceFlags::SAMPLED.to_u8()),
+            record,
         })
     }
 
     /// Keeps a started span until its record's acknowledgement.
-    pub fn hold(&self, opaque: usize, event_id: &str, s: Started) {
-        if let Ok(mut open) = self.open.lock() {
-            // A stale span under the same opaque (not possible within a session) is ended.
-            if let Some((mut old, _)) = open.insert(opaque, (s.span, event_id.to_string())) {
-                opentelemetry::trace::Span::end(&mut old);
-            }
+    pub fn hold(&self, opaque: usize, _event_id: &str, s: Started) {
+        let stale = self
+            .open
+            .lock()
+            .ok()
+            .and_then(|mut open| open.insert(opaque, s.record));
+        // A stale span under the same opaque (not possible within a session) is ended.
+        if let Some(mut old) = stale {
+            old.end_time = SystemTime::now();
+            self.traces.send(Item::Publish(old));
         }
     }
 
@@ -241,34 +269,23 @@ impl Telemetry {
         offset: Option<i64>,
         failure: Option<Failure<'_>>,
     ) {
-        use opentelemetry::trace::Span as _;
-        let Some((mut span, event_id)) = self.open.lock().ok().and_then(|mut o| o.remove(&opaque))
-        else {
+        let Some(mut r) = self.open.lock().ok().and_then(|mut o| o.remove(&opaque)) else {
             return;
         };
         if self.publisher == Publisher::Stream {
-            self.traces.note(&event_id, failure.is_some());
+            self.traces.note(r.event_id.as_str(), failure.is_some());
         }
-        span.set_attribute(KeyValue::new(
-            "messaging.destination.partition.id",
-            partition.to_string(),
-        ));
-        match failure {
-            None => {
-                if let Some(o) = offset {
-                    span.set_attribute(KeyValue::new("messaging.kafka.offset", o));
-                }
-            }
-            Some(f) => {
-                span.set_attribute(KeyValue::new("error.type", f.class.to_string()));
-                span.add_event(
-                    f.event,
-                    vec![KeyValue::new("outboxd.failure_class", f.class.to_string())],
-                );
-                span.set_status(Status::error(f.what.to_string()));
-            }
-        }
-        span.end();
+        r.end = match failure {
+            None => End::Delivered { partition, offset },
+            Some(f) => End::Failed {
+                partition,
+                event: f.event,
+                class: Small::new(f.class),
+                what: f.what,
+            },
+        };
+        r.end_time = SystemTime::now();
+        self.traces.send(Item::Publish(r));
     }
 }
 
@@ -292,6 +309,8 @@ mod tests {
         let cx = parse_traceparent(tp, Some("k=v")).unwrap();
         assert!(cx.is_sampled() && cx.is_remote());
         assert_eq!(traceparent(&cx), tp);
+        let fixed = Traceparent::new(cx.trace_id(), cx.span_id(), 1);
+        assert_eq!(fixed.as_bytes(), tp.as_bytes());
         for bad in [
             "",
             "00-1",
@@ -304,5 +323,73 @@ mod tests {
         }
         let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
         assert!(!parse_traceparent(unsampled, None).unwrap().is_sampled());
+    }
+
+    /// The cost of a publish span on the delivery path and in the whole process (start, hold,
+    /// finish, queue, the export thread's conversion; receiver down: a closed port). Prints
+    /// µs per span. `cargo nextest run -p outboxd --lib --run-ignored only --no-capture
+    /// span_cost` (a debug build: the SDK and std are unoptimized, compare runs, not releases).
+    #[test]
+    #[ignore]
+    fn span_cost() {
+        use std::time::{Duration, Instant};
+        let cpu = |path: &str| {
+            let s = std::fs::read_to_string(path).unwrap_or_default();
+            // After the command's `)`: field 3 (state) first; utime, stime are fields 14, 15,
+            // in clock ticks (100 Hz).
+            let f: Vec<&str> = s
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect();
+            let tick = |i: usize| f.get(i).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+            Duration::from_millis((tick(11) + tick(12)) * 10)
+        };
+        let cfg = crate::config::telemetry::TelemetryConfig {
+            endpoint: Some("http://127.0.0.1:9".into()),
+            ..Default::default()
+        };
+        let traces = super::super::Traces::start(&cfg, &Default::default())
+            .unwrap()
+            .unwrap();
+        let t = Telemetry::new(Arc::new(traces), Publisher::Stream);
+        let n: usize = std::env::var("SPANS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000);
+        let ids: Vec<String> = (0..n)
+            .map(|i| format!("{i:08}-0000-4000-8000-000000000000"))
+            .collect();
+        let row = RowTrace {
+            traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
+            tracestate: None,
+        };
+        let (p0, t0, w0) = (
+            cpu("/proc/self/stat"),
+            cpu("/proc/thread-self/stat"),
+            Instant::now(),
+        );
+        for (i, id) in ids.iter().enumerate() {
+            let p = Publish {
+                topic: "orders",
+                event_id: id,
+                key: Some("o-1"),
+            };
+            let s = t.start(&p, &row, None).expect("sampled");
+            t.hold(i, id, s);
+            t.finish(i, 0, Some(i as i64), None);
+        }
+        let (t1, w1) = (cpu("/proc/thread-self/stat"), w0.elapsed());
+        drop(t);
+        std::thread::sleep(Duration::from_millis(1500));
+        let p1 = cpu("/proc/self/stat");
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+        eprintln!(
+            "{n} spans: delivery thread {:.2} µs/span CPU ({:.2} wall), process {:.2} µs/span CPU",
+            us(t1 - t0),
+            us(w1),
+            us(p1 - p0)
+        );
     }
 }

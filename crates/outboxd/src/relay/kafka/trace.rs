@@ -38,7 +38,7 @@ pub(super) fn start_event(ctx: &Ctx, topic: &str, e: &Event<'_>) -> Option<Start
 /// it names a `traceparent` at all (most rows of most tables do not; the record's headers are
 /// not built twice for it).
 fn row_trace(headers: Option<&str>) -> RowTrace {
-    let mut row = RowTrace::default();
+    let row = RowTrace::default();
     let Some(h) = headers.filter(|h| {
         h.as_bytes()
             .windows(b"traceparent".len())
@@ -46,14 +46,63 @@ fn row_trace(headers: Option<&str>) -> RowTrace {
     }) else {
         return row;
     };
-    if let Ok(map) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(h) {
-        for (k, v) in &map {
-            if let serde_json::Value::String(v) = v {
-                row.see(k, Some(v.as_bytes()));
+    // Only the two names are kept: the other members are skipped, not built (issue 55).
+    serde_json::from_str::<TraceHeaders>(h).map_or(row, |t| t.0)
+}
+
+/// The `traceparent` / `tracestate` members of a headers object (string values only).
+struct TraceHeaders(RowTrace);
+
+impl<'de> serde::Deserialize<'de> for TraceHeaders {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::{IgnoredAny, MapAccess, Visitor};
+        struct Members;
+        impl<'de> Visitor<'de> for Members {
+            type Value = RowTrace;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<RowTrace, A::Error> {
+                let mut row = RowTrace::default();
+                while let Some(Name(name)) = m.next_key::<Name>()? {
+                    match name {
+                        Some(k) => {
+                            if let serde_json::Value::String(v) = m.next_value()? {
+                                row.see(k, Some(v.as_bytes()));
+                            }
+                        }
+                        None => {
+                            m.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(row)
             }
         }
+        d.deserialize_map(Members).map(TraceHeaders)
     }
-    row
+}
+
+/// A member name: `traceparent` or `tracestate` (any case), else `None` (not kept).
+struct Name(Option<&'static str>);
+
+impl<'de> serde::Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Name;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<Name, E> {
+                let name = ["traceparent", "tracestate"]
+                    .into_iter()
+                    .find(|n| k.eq_ignore_ascii_case(n));
+                Ok(Name(name))
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 /// The span of a released parked record: in the trace its stored `traceparent` names (the
