@@ -205,7 +205,7 @@ impl OtelReport {
     pub fn markdown(&self) -> String {
         let mut w = String::new();
         let exporter = if self.telemetry_env.is_empty() {
-            "the exporter's defaults (queue 2,048 spans, batches of 512, 1 s schedule delay)"
+            "the exporter's defaults (queue 65,536 spans, batches of 512, 1 s schedule delay)"
                 .to_string()
         } else {
             format!("a **tuned** exporter: {}", self.telemetry_env.join(" "))
