@@ -297,21 +297,13 @@ async fn a_listed_table_recreated_while_streaming_loses_nothing() -> anyhow::Res
     let mut relay = RelayProcess::spawn(&config, log.clone())?;
     env.deliver("warm", 5, &log).await?;
     env.mark_recorded().await?;
-    let old: Vec<NewEvent> = (1..=300)
-        .map(|v| NewEvent::new("acct", "A", v, "Deposited", serde_json::json!({"v": v})))
-        .collect();
+    let old = deposits("A", 300);
     write_events(&mut c, &old, false).await?;
     c.batch_execute("DROP TABLE public.outbox").await?;
     outboxd::init(&env.config()?).await?;
-    let new: Vec<NewEvent> = (1..=50)
-        .map(|v| NewEvent::new("acct", "B", v, "Deposited", serde_json::json!({"v": v})))
-        .collect();
+    let new = deposits("B", 50);
     write_events(&mut c, &new, false).await?;
-    let want: Vec<String> = old
-        .iter()
-        .chain(&new)
-        .map(|e| e.event_id.to_string())
-        .collect();
+    let want = ids(&old, &new);
     let text = all_on_topic(&env, &log, &mut relay, &want).await?;
     // The session sees the new relation by its oid with its next state write (not as a
     // publication change), possibly after every row already arrived.
@@ -325,6 +317,18 @@ async fn a_listed_table_recreated_while_streaming_loses_nothing() -> anyhow::Res
     assert!(!text.contains("publication_changed"), "{text}");
     assert!(relay.sigterm()?.success(), "{text}");
     Ok(())
+}
+
+/// Versions 1..=n of aggregate `agg` of `acct`.
+fn deposits(agg: &str, n: i64) -> Vec<NewEvent> {
+    (1..=n)
+        .map(|v| NewEvent::new("acct", agg, v, "Deposited", serde_json::json!({"v": v})))
+        .collect()
+}
+
+/// The `event_id`s of `a` then `b`.
+fn ids(a: &[NewEvent], b: &[NewEvent]) -> Vec<String> {
+    a.iter().chain(b).map(|e| e.event_id.to_string()).collect()
 }
 
 /// Waits until every id of `want` is on `outbox.event.acct`; panics when the relay exits, a
@@ -396,24 +400,16 @@ async fn a_listed_table_rebuilt_by_plain_ddl_joins_at_its_creation() -> anyhow::
         .await?;
     let mut relay = RelayProcess::spawn(&config, log.clone())?;
     env.deliver("warm", 5, &log).await?;
-    let old: Vec<NewEvent> = (1..=100)
-        .map(|v| NewEvent::new("acct", "A", v, "Deposited", serde_json::json!({"v": v})))
-        .collect();
+    let old = deposits("A", 100);
     write_events(&mut c, &old, false).await?;
     c.batch_execute(
         "DROP TABLE public.outbox; \
          CREATE TABLE public.outbox (LIKE public.outbox_shape INCLUDING ALL)",
     )
     .await?;
-    let new: Vec<NewEvent> = (1..=50)
-        .map(|v| NewEvent::new("acct", "B", v, "Deposited", serde_json::json!({"v": v})))
-        .collect();
+    let new = deposits("B", 50);
     write_events(&mut c, &new, false).await?;
-    let want: Vec<String> = old
-        .iter()
-        .chain(&new)
-        .map(|e| e.event_id.to_string())
-        .collect();
+    let want = ids(&old, &new);
     let text = all_on_topic(&env, &log, &mut relay, &want).await?;
     assert!(relay.sigterm()?.success(), "{text}");
     Ok(())
