@@ -20,10 +20,21 @@ AS $$
 DECLARE
     changed jsonb;
     joined jsonb := '[]'::jsonb;
+    left_tables jsonb := '[]'::jsonb;
 BEGIN
     IF TG_EVENT = 'sql_drop' THEN
         SELECT jsonb_agg(jsonb_build_array(object_type, object_identity)) INTO changed
         FROM pg_event_trigger_dropped_objects() WHERE object_type LIKE 'publication%';
+        -- Each table taken out of a publication, by oid and the name it has here: the relay
+        -- owes a pattern's table the rows it misses while out, as a join, and streams every
+        -- other table on (issue 56, F5) instead of replacing the slot.
+        SELECT COALESCE(jsonb_agg(jsonb_build_array(d.address_args[1], c.oid::bigint,
+                                                    n.nspname::text, c.relname::text)), '[]')
+        INTO left_tables
+        FROM pg_event_trigger_dropped_objects() d
+        JOIN pg_namespace n ON n.nspname = d.address_names[1]
+        JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = d.address_names[2]
+        WHERE d.object_type = 'publication relation';
     ELSE
         SELECT jsonb_agg(jsonb_build_array(object_type, object_identity)) INTO changed
         FROM pg_event_trigger_ddl_commands() WHERE object_type LIKE 'publication%';
@@ -45,7 +56,7 @@ BEGIN
     PERFORM pg_logical_emit_message(true, 'outboxd.publication',
         jsonb_build_object('tag', TG_TAG, 'event', TG_EVENT,
                            'objects', COALESCE(changed, '[]'::jsonb),
-                           'joined', joined)::text);
+                           'joined', joined, 'left', left_tables)::text);
 END
 $$;
 

@@ -10,6 +10,9 @@ use std::fmt;
 pub const AGGS: u8 = 3;
 /// Tenants (created, or prepared to join) per sequence at most.
 const MAX_TENANTS: usize = 6;
+/// Seeds from here on draw the second generation's actions too (publication drops, payload
+/// type changes); seeds below replay exactly as they did before those existed.
+pub const V2_FROM: u64 = 10_000;
 
 /// What a table is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +179,17 @@ pub enum Step {
     Start,
     /// Wait until the slot confirmed everything written so far.
     Settle,
+    /// `ALTER PUBLICATION outbox_pub DROP TABLE` of a relayed tenant (an operator's edit, a
+    /// migration tool's): it still matches the pattern, so its rows stay required; the relay
+    /// puts it back and owes the rows committed meanwhile (second generation).
+    PubDrop {
+        table: usize,
+    },
+    /// `ALTER TABLE public.outbox ALTER payload TYPE json` (or back to `jsonb`): a rewrite of
+    /// the listed table under the stream (second generation).
+    PayloadType {
+        json: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -252,6 +266,13 @@ impl Step {
             Step::DropSlot => "drop slot".into(),
             Step::Start => "start relay".into(),
             Step::Settle => "settle (wait until the slot caught up)".into(),
+            Step::PubDrop { table } => {
+                format!("ALTER PUBLICATION … DROP TABLE {}", name(*table))
+            }
+            Step::PayloadType { json } => format!(
+                "ALTER TABLE public.outbox ALTER payload TYPE {}",
+                if *json { "json" } else { "jsonb" }
+            ),
         }
     }
 }
@@ -270,6 +291,10 @@ pub struct Model {
     /// The slot was dropped since the last start.
     pub dropped: bool,
     tenants: usize,
+    /// Draw the second generation's actions ([`V2_FROM`]).
+    v2: bool,
+    /// `public.outbox.payload` is `json` now (else `jsonb`).
+    pub payload_json: bool,
 }
 
 impl Model {
@@ -296,6 +321,8 @@ impl Model {
             running: true,
             dropped: false,
             tenants: 0,
+            v2: false,
+            payload_json: false,
         }
     }
 
@@ -372,6 +399,11 @@ impl Model {
                 t.name = "outbox_old".into();
                 t.state = St::Left;
             }
+            Step::PubDrop { table } => {
+                // It joins again later, owed rows: no longer "born" (see rollback_targets).
+                self.tables[*table].born = false;
+            }
+            Step::PayloadType { json } => self.payload_json = *json,
             Step::Restart(_) | Step::Settle => {}
             Step::Stop(_) => self.running = false,
             Step::DropSlot => self.dropped = true,
@@ -397,6 +429,8 @@ enum A {
     Drop,
     Start,
     Settle,
+    PubDrop,
+    PayloadType,
 }
 
 /// The weights of the actions the model allows now (see the file's top comment).
@@ -423,6 +457,15 @@ fn weights(m: &Model) -> Vec<(A, u32)> {
             .any(|t| t.kind == Kind::Tenant && t.state == St::Relayed)
     {
         w.push((A::Leave, 2));
+    }
+    if m.v2 {
+        if m.tables
+            .iter()
+            .any(|t| t.kind == Kind::Tenant && t.state == St::Relayed)
+        {
+            w.push((A::PubDrop, 3));
+        }
+        w.push((A::PayloadType, 2));
     }
     if m.running {
         w.push((A::Restart, 6));
@@ -474,6 +517,7 @@ pub fn generate(seed: u64) -> (bool, Vec<Planned>) {
     let dbz = rng.gen_bool(0.4);
     let n: usize = rng.gen_range(25..=40);
     let mut m = Model::new(dbz);
+    m.v2 = seed >= V2_FROM;
     let mut plan = Vec::with_capacity(n + 1);
     let first = Step::Insert {
         table: 0,
@@ -611,6 +655,17 @@ fn draw(rng: &mut StdRng, m: &mut Model) -> Step {
         A::Drop => Step::DropSlot,
         A::Start => Step::Start,
         A::Settle => Step::Settle,
+        A::PubDrop => {
+            let c: Vec<usize> = (0..m.tables.len())
+                .filter(|&i| m.tables[i].kind == Kind::Tenant && m.tables[i].state == St::Relayed)
+                .collect();
+            Step::PubDrop {
+                table: c[rng.gen_range(0..c.len())],
+            }
+        }
+        A::PayloadType => Step::PayloadType {
+            json: !m.payload_json,
+        },
     }
 }
 

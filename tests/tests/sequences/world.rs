@@ -426,6 +426,32 @@ impl Run {
             }
             Step::Start => self.start().await?,
             Step::Settle => self.settle(SETTLE, "a settle step").await?,
+            Step::PubDrop { table } => {
+                let q = self.model.tables[*table].qualified();
+                // Already out (the relay has not put it back since an earlier drop): nothing.
+                let published: bool = self
+                    .c
+                    .query_one(
+                        "SELECT EXISTS (SELECT 1 FROM pg_publication_tables \
+                         WHERE pubname = 'outbox_pub' AND schemaname || '.' || tablename = $1)",
+                        &[&q],
+                    )
+                    .await?
+                    .get(0);
+                if published {
+                    self.c
+                        .batch_execute(&format!("ALTER PUBLICATION outbox_pub DROP TABLE {q}"))
+                        .await?;
+                }
+            }
+            Step::PayloadType { json } => {
+                let ty = if *json { "json" } else { "jsonb" };
+                self.c
+                    .batch_execute(&format!(
+                        "ALTER TABLE public.outbox ALTER COLUMN payload TYPE {ty} USING payload::{ty}"
+                    ))
+                    .await?;
+            }
         }
         self.model.apply(step);
         Ok(())

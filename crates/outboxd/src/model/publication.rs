@@ -76,6 +76,65 @@ pub fn joined(content: &[u8], publication: &str) -> Vec<Joined> {
         .collect()
 }
 
+/// The tables a message says were taken out of `publication` (sql/080's `left`), when that is
+/// all it says: a drop of publication relations only, each named with its oid (a guard older
+/// than issue 56's F5 names none: `None`, the whole publication's change).
+pub fn left(content: &[u8], publication: &str) -> Option<Vec<Joined>> {
+    let v: serde_json::Value = serde_json::from_slice(content).ok()?;
+    if v["event"].as_str() != Some("sql_drop") {
+        return None;
+    }
+    let objects = v["objects"].as_array()?;
+    if objects.is_empty()
+        || !objects
+            .iter()
+            .all(|o| o[0].as_str() == Some("publication relation"))
+    {
+        return None;
+    }
+    let quoted = format!("\"{}\"", publication.replace('"', "\"\""));
+    let ours = objects
+        .iter()
+        .filter(|o| {
+            let id = o[1].as_str().unwrap_or_default();
+            id.ends_with(&format!(" in publication {publication}"))
+                || id.ends_with(&format!(" in publication {quoted}"))
+        })
+        .count();
+    let out: Vec<Joined> = v["left"]
+        .as_array()?
+        .iter()
+        .filter(|r| r[0].as_str() == Some(publication))
+        .filter_map(|r| {
+            Some(Joined {
+                oid: u32::try_from(r[1].as_u64()?).ok()?,
+                schema: r[2].as_str()?.to_string(),
+                name: r[3].as_str()?.to_string(),
+            })
+        })
+        .collect();
+    (out.len() == ours).then_some(out)
+}
+
+/// Is this the `ddl_command_end` message of an `ALTER PUBLICATION` that names no object but
+/// `publication` itself, and no table added? Every `… DROP TABLE` writes one (with no object:
+/// measured on 15) right after its `sql_drop` message ([`left`]), which already said what
+/// changed.
+pub fn ends_alter(content: &[u8], publication: &str) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(content) else {
+        return false;
+    };
+    let quoted = format!("\"{}\"", publication.replace('"', "\"\""));
+    let objects = v["objects"].as_array().cloned().unwrap_or_default();
+    v["tag"].as_str() == Some("ALTER PUBLICATION")
+        && v["event"].as_str() == Some("ddl_command_end")
+        && v["joined"].as_array().is_none_or(|j| j.is_empty())
+        && objects.iter().all(|o| {
+            o[0].as_str() == Some("publication")
+                && matches!(o[1].as_str(), Some(id) if id == publication || id == quoted)
+        })
+}
+
 /// SQL: whether the relation whose oid is the expression `oid` is in the publication named by
 /// the expression `publication`: listed in `pg_publication_tables` (itself, or for a
 /// partitioned table one of its partitions: a publication without `publish_via_partition_root`
@@ -95,6 +154,26 @@ pub fn member_sql(publication: &str, oid: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drop_of_tables_only_names_the_tables_that_left() {
+        let m = br#"{"tag":"ALTER PUBLICATION","event":"sql_drop","objects":[["publication relation","tenant_1.outbox in publication outbox_pub"]],"left":[["outbox_pub",16384,"tenant_1","outbox"]]}"#;
+        assert_eq!(
+            left(m, "outbox_pub"),
+            Some(vec![Joined {
+                oid: 16384,
+                schema: "tenant_1".into(),
+                name: "outbox".into()
+            }])
+        );
+        // An older guard names no oids; a dropped publication is no table leaving.
+        let old = br#"{"tag":"ALTER PUBLICATION","event":"sql_drop","objects":[["publication relation","tenant_1.outbox in publication outbox_pub"]]}"#;
+        assert_eq!(left(old, "outbox_pub"), None);
+        let whole = br#"{"tag":"DROP PUBLICATION","event":"sql_drop","objects":[["publication","outbox_pub"]],"left":[]}"#;
+        assert_eq!(left(whole, "outbox_pub"), None);
+        let short = br#"{"tag":"ALTER PUBLICATION","event":"sql_drop","objects":[["publication relation","a.b in publication outbox_pub"],["publication relation","c.d in publication outbox_pub"]],"left":[["outbox_pub",1,"a","b"]]}"#;
+        assert_eq!(left(short, "outbox_pub"), None);
+    }
 
     #[test]
     fn a_message_names_the_tables_that_joined_its_publication() {

@@ -393,6 +393,19 @@ pub async fn add_joined(sql: &Client, slot: &str, oids: &[u32]) -> Result<(), Re
     Ok(())
 }
 
+/// Takes `oids` out of [`joined`]: tables that left the publication, owed again what they
+/// hold when they are back (issue 56, F5).
+pub async fn remove_joined(sql: &Client, slot: &str, oids: &[u32]) -> Result<(), RelayError> {
+    sql.execute(
+        "UPDATE outboxd_slot_state SET joined_tables = ARRAY(SELECT o FROM unnest(joined_tables) o \
+             WHERE o <> ALL($2::oid[]) ORDER BY 1), updated_at = now() \
+         WHERE slot_name = $1 AND joined_tables IS NOT NULL",
+        &[&slot, &oids],
+    )
+    .await?;
+    Ok(())
+}
+
 /// A partition a session read as its root's ([`crate::slot::join::partitions::remember`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SeenPartition {

@@ -307,6 +307,16 @@ pub async fn run_session_as(
                             for t in st.take_arrived() {
                                 joining.arrive(cfg, &mut st, &producer, t, shutdown).await?;
                             }
+                            for (t, oid) in st.take_left() {
+                                let back = crate::slot::join::put_back(cfg, st.sql(), &t, oid);
+                                if !sql_bounded(back).await? {
+                                    return Err(RelayError::PublicationChanged(format!(
+                                        "{} left publication {:?}, and the relay's role may not add it back",
+                                        t.label(),
+                                        cfg.source.publication
+                                    )));
+                                }
+                            }
                         }
                         None => return Err(RelayError::Replication("stream ended".into())),
                     }
@@ -329,7 +339,9 @@ pub async fn run_session_as(
                             return Err(RelayError::TablesChanged(what));
                         }
                         // Before a probe may be adopted: never past a change of the publication.
-                        if !sql_bounded(publication::covered(cfg, st.sql())).await? {
+                        if !sql_bounded(publication::covered(cfg, st.sql())).await?
+                            && !sql_bounded(publication::stream_will_say(cfg, st.sql())).await?
+                        {
                             // Nor one dropped between the two checks.
                             let changed = crate::slot::join::changed(cfg, st.sql(), &mut refused, &identities, joining.known());
                             if let Some(what) = sql_bounded(changed).await? {

@@ -60,6 +60,12 @@ pub struct Stages {
     /// Tables that joined while the session streamed, for the session to assess
     /// (`relations`), with their oid when the stream named it.
     arrived: Vec<(OutboxTable, Option<u32>)>,
+    /// Pattern tables the guard says left the publication, for the supervisor to put back
+    /// ([`Stages::take_left`]); their oids until their join message takes them in again.
+    left: Vec<(OutboxTable, u32)>,
+    rejoin: Vec<u32>,
+    /// `ALTER PUBLICATION` end messages still due in this transaction for its tables that left.
+    left_ends: usize,
     /// Positions of joins the stream announced, unacknowledged until the table's rows were
     /// handed over: nothing past a join is confirmed before (`relations`).
     marks: Vec<(String, crate::relay::ack::Seq)>,
@@ -126,6 +132,9 @@ impl Stages {
             shadow_topic: String::new(),
             held: Held::default(),
             arrived: Vec::new(),
+            left: Vec::new(),
+            rejoin: Vec::new(),
+            left_ends: 0,
             marks: Vec::new(),
         })
     }
@@ -282,7 +291,10 @@ impl Stages {
                 .in_flight
                 // Saturating: the server's clock is input like any other.
                 .begin_at(commit_time_micros.saturating_add(PG_EPOCH_US))?,
-            ReplicationEvent::Commit { end_lsn, .. } => self.in_flight.commit(end_lsn.0)?,
+            ReplicationEvent::Commit { end_lsn, .. } => {
+                self.left_ends = 0;
+                self.in_flight.commit(end_lsn.0)?
+            }
             ReplicationEvent::KeepAlive { wal_end, .. } => self.in_flight.keepalive(wal_end.0),
             ReplicationEvent::XLogData { data, .. } => self.on_data(&data, producer).await?,
             ReplicationEvent::Message {
@@ -303,6 +315,15 @@ impl Stages {
                 content,
                 ..
             } if prefix == publication::PREFIX => {
+                let left = publication::left(&content, &self.publication);
+                if left.is_some_and(|l| self.on_left(&l)) {
+                    self.left_ends += 1;
+                    return Ok(());
+                }
+                if self.left_ends > 0 && publication::ends_alter(&content, &self.publication) {
+                    self.left_ends -= 1;
+                    return Ok(());
+                }
                 if let Some(what) = publication::concerns(&content, &self.publication) {
                     return Err(RelayError::PublicationChanged(what));
                 }

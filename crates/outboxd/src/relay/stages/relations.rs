@@ -98,6 +98,18 @@ impl Stages {
             let t = match known {
                 // Found already (a session's start, a state write): marked while it catches up.
                 true if self.held.holds_label(&self.outboxes.labels(), &label) => None,
+                // Back after it left the publication ([`Stages::on_left`]): owed what it
+                // missed, as a join; held until its rows are read (its route exists already).
+                true if self.rejoin.contains(&j.oid) => {
+                    self.rejoin.retain(|o| *o != j.oid);
+                    let Some(t) = self.outboxes.through(&j.schema, &j.name) else {
+                        continue;
+                    };
+                    tracing::info!(table = %label, "a table that left the publication is back (the stream says so): republishing what it holds");
+                    self.hold(&label);
+                    self.arrived.push((t, Some(j.oid)));
+                    None
+                }
                 true => continue,
                 false => match self.outboxes.through(&j.schema, &j.name) {
                     Some(t) => Some(t),
@@ -122,6 +134,40 @@ impl Stages {
             self.marks.push((label, seq));
         }
         Ok(())
+    }
+
+    /// The guard's message says tables left the publication here (`ALTER PUBLICATION … DROP
+    /// TABLE`; issue 56, F5). Rows a table writes while out are never streamed, but they are
+    /// in the table: a pattern's table the session relays is owed them once it is back, like a
+    /// table that joins. The supervisor puts it back ([`Stages::take_left`]), its join message
+    /// takes it in again (held until its rows are read) and every other table streams on from
+    /// the slot — before, the whole slot was replaced, and a Debezium table beside it, whose
+    /// rows of that gap exist only in the slot, stopped the relay. `false`: a table that left
+    /// is listed, or a pattern's that the session does not relay yet: the whole publication's
+    /// change, as before.
+    pub(super) fn on_left(&mut self, left: &[crate::model::publication::Joined]) -> bool {
+        let labels = self.outboxes.labels();
+        let mut out = Vec::new();
+        for j in left {
+            let label = format!("{}.{}", j.schema, j.name);
+            let ours = labels.iter().any(|l| **l == *label);
+            match self.outboxes.through(&j.schema, &j.name) {
+                Some(t) if ours && t.discovered.is_some() => out.push((t, j.oid)),
+                None if !ours => {} // Not an outbox: nothing of ours was skipped.
+                _ => return false,
+            }
+        }
+        for (t, oid) in out {
+            tracing::warn!(table = %t.label(), "a table the pattern matches left the publication: streaming every other table on; it is put back and what it holds is republished");
+            self.rejoin.push(oid);
+            self.left.push((t, oid));
+        }
+        true
+    }
+
+    /// The tables [`Stages::on_left`] took note of since the last call, with their oid.
+    pub fn take_left(&mut self) -> Vec<(OutboxTable, u32)> {
+        std::mem::take(&mut self.left)
     }
 
     /// `label`'s rows and held events were handed over: its joins may be confirmed past.

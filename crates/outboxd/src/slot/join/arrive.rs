@@ -44,6 +44,40 @@ pub async fn newcomers(
     Ok(out)
 }
 
+/// A pattern's table that left the publication (`Stages::on_left`): no longer recorded as
+/// joined, so what it holds is owed when it is back, and added back to the publication, whose
+/// guard message takes it into the session again. `Ok(false)`: the relay's role may not add
+/// it (the whole publication's change then, as before). A table dropped or renamed since is
+/// left alone: the state writes see to it.
+pub async fn put_back(
+    cfg: &Config,
+    sql: &Client,
+    t: &OutboxTable,
+    oid: u32,
+) -> Result<bool, RelayError> {
+    slot_state::remove_joined(sql, &cfg.source.slot, &[oid]).await?;
+    let now: Option<String> = sql
+        .query_opt(
+            "SELECT n.nspname::text || '.' || c.relname::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+            &[&oid],
+        )
+        .await?
+        .map(|r| r.get(0));
+    if now.as_deref() != Some(t.label().as_str()) {
+        return Ok(true);
+    }
+    match crate::slot::publication::add_table(cfg, sql, &t.schema, &t.name).await {
+        Ok(()) => Ok(true),
+        // Someone put it back first: its join message takes it in all the same.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_OBJECT) => Ok(true),
+        Err(e) => {
+            tracing::warn!(table = %t.label(), error = %e, "a table that left the publication could not be put back by the relay");
+            Ok(false)
+        }
+    }
+}
+
 /// What a table that joined the running session is owed: `None` when it was born in the
 /// publication (recorded as joined now), or was recorded before; otherwise its debt. `oid`:
 /// the relation the stream named (it may be called otherwise by now); `None`, by its name.

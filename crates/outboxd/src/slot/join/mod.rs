@@ -110,7 +110,7 @@ mod owed;
 pub(crate) mod partitions;
 mod pay;
 
-pub use arrive::{assess, newcomers};
+pub use arrive::{assess, newcomers, put_back};
 pub use pay::{feed, record, settle, Debt};
 mod trigger;
 
