@@ -209,7 +209,7 @@ impl InFlight {
     }
 
     /// The listed table (index) an in-flight event came from.
-    fn table_of(&self, seq: Seq) -> Option<usize> {
+    pub fn table_of(&self, seq: Seq) -> Option<usize> {
         let i = seq.checked_sub(self.meta_base)?;
         self.meta.get(i as usize).map(|&(_, t)| t as usize)
     }
