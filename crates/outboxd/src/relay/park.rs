@@ -55,6 +55,9 @@ pub struct PoisonHandler {
     bounds: Bounds,
     /// Rows of the batch in flight refused before sending: written with its outcome.
     refused: Vec<(i64, &'static str, String)>,
+    /// This role may write a parked row's oid ([`parking::may_write_relid`]); if not, rows are
+    /// parked, held and released by name, as before issue 56.
+    relids: bool,
 }
 
 impl PoisonHandler {
@@ -71,6 +74,10 @@ impl PoisonHandler {
         let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
         let mut h = Self::with(cfg, blocked, observed, false)?;
         h.bounds.open_bytes = h.open_bytes(sql).await?;
+        h.relids = parking::may_write_relid(sql).await?;
+        if !h.relids && h.tagged {
+            tracing::warn!("this role may not write outbox_parked.source_relid (run `outboxd init` and the grants of sql/roles.sql again): parked events hold and release by their table's name, so a table renamed while a head is parked loses its holds");
+        }
         Ok(h)
     }
 
@@ -109,6 +116,7 @@ impl PoisonHandler {
             vetting: Vetting::of(&cfg.parked),
             bounds: Bounds::of(&cfg.parked),
             refused: Vec::new(),
+            relids: true,
         })
     }
 
@@ -187,6 +195,7 @@ impl PoisonHandler {
         class: &str,
         message: &str,
     ) -> Result<(), RelayError> {
+        let relid = relid.filter(|_| self.relids);
         let event_type = rec.event_type.clone().unwrap_or_default();
         let pol = match self.route_of(&rec) {
             Some(i) => self.routes.listed[i].policy.for_type(&event_type),
@@ -259,6 +268,7 @@ impl PoisonHandler {
         relid: Option<u32>,
         head: &str,
     ) -> Result<(), RelayError> {
+        let relid = relid.filter(|_| self.relids);
         self.bounds.admit(rec)?;
         let tag = self.seal(rec, true, Some(head));
         sql_bounded(parking::park(

@@ -85,6 +85,21 @@ pub fn hold_each_other(a: &TableKey, b: &TableKey) -> bool {
     }
 }
 
+/// May this role write `outbox_parked.source_relid`? Not when the column is missing (tables
+/// this role could not upgrade) or the role's INSERT grant predates it (sql/roles.sql).
+pub async fn may_write_relid(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+               WHERE attrelid = to_regclass('outbox_parked') AND attname = 'source_relid' \
+                 AND NOT attisdropped) \
+             THEN has_column_privilege('outbox_parked', 'source_relid', 'INSERT') ELSE false END",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
 /// The current `schema.table` of relation `relid` (`None`: it is gone).
 pub async fn name_of(sql: &Client, relid: u32) -> Result<Option<String>, RelayError> {
     Ok(sql
@@ -213,35 +228,44 @@ pub async fn park(
         ParkState::Parked => "parked",
         ParkState::Blocked => "blocked",
     };
+    // Without an oid the column is left out: a relay role not granted INSERT on it (an
+    // upgrade whose sql/roles.sql grants were not run again) parks by name, as before.
+    let (col, val) = match relid {
+        Some(_) => (", source_relid", ", $18"),
+        None => ("", ""),
+    };
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+        &slot,
+        &rec.event_id,
+        &rec.aggregate_type,
+        &rec.aggregate_id,
+        &rec.aggregate_version,
+        &rec.event_type,
+        &rec.topic,
+        &rec.key,
+        &rec.payload,
+        &headers,
+        &rec.timestamp_ms,
+        &state,
+        &blocks_aggregate,
+        &blocked_by,
+        &class,
+        &message,
+        &tag,
+    ];
+    if let Some(r) = &relid {
+        params.push(r);
+    }
     let row = sql
         .query_one(
             &format!("INSERT INTO outbox_parked (slot, event_id, aggregate_type, aggregate_id, aggregate_version, \
                event_type, topic, record_key, payload, headers, record_ts_ms, state, blocks_aggregate, \
-               blocked_by, error_class, error_message, integrity_tag, source_relid) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) \
+               blocked_by, error_class, error_message, integrity_tag{col}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17{val}) \
              ON CONFLICT (slot, event_id) DO UPDATE SET attempts = outbox_parked.attempts + 1, \
                last_seen = now() \
              RETURNING state, {}, source_relid", table_of("outbox_parked")),
-            &[
-                &slot,
-                &rec.event_id,
-                &rec.aggregate_type,
-                &rec.aggregate_id,
-                &rec.aggregate_version,
-                &rec.event_type,
-                &rec.topic,
-                &rec.key,
-                &rec.payload,
-                &headers,
-                &rec.timestamp_ms,
-                &state,
-                &blocks_aggregate,
-                &blocked_by,
-                &class,
-                &message,
-                &tag,
-                &relid,
-            ],
+            &params,
         )
         .await?;
     let stored: Option<String> = row.get(1);

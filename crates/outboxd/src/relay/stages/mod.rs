@@ -248,10 +248,7 @@ impl Stages {
                 message,
                 record,
             } => {
-                let relid = self
-                    .in_flight
-                    .table_of(seq)
-                    .and_then(|t| self.outboxes.oid(t));
+                let relid = self.in_flight.relid_of(seq);
                 self.park(record, relid, class, &message).await?;
                 self.in_flight.parked(seq);
             }
@@ -442,6 +439,7 @@ impl Stages {
         }
         let seq = self.in_flight.add(
             table,
+            relid,
             event_type,
             topic,
             event.size(),
