@@ -146,7 +146,25 @@ pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
     if current && guards_installed(sql).await? {
         return Ok(());
     }
-    crate::schema::install(sql, PARKED_SQL, "outbox_parked", present).await
+    crate::schema::install(sql, PARKED_SQL, "outbox_parked", present).await?;
+    // Every query of parked rows reads it: without it nothing here works (issue 56).
+    let relid: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('outbox_parked') \
+               AND attname = 'source_relid' AND NOT attisdropped)",
+            &[],
+        )
+        .await?
+        .get(0);
+    match relid {
+        true => Ok(()),
+        false => Err(RelayError::Setup(
+            "outbox_parked lacks the column source_relid of this version (the oid of a parked \
+             event's table) and this role cannot add it: run `outboxd init` as the admin role, \
+             then the grants of sql/roles.sql again"
+                .into(),
+        )),
+    }
 }
 
 /// [`ensure_tables`] for a relay with several outbox tables, which holds aggregates per table:
