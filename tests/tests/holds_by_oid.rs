@@ -266,3 +266,44 @@ async fn two_tenants_swapping_names_never_swap_holds() -> anyhow::Result<()> {
     relay.shutdown().await?;
     Ok(())
 }
+
+/// The same move while the relay is stopped: the next session finds the table under its new
+/// name, reads its holds by oid from the parked store, holds v3 behind v1 and releases v1..v3
+/// in order from the table's new name; `parked list` names the table as it is now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_moved_while_the_relay_is_stopped_keeps_its_holds() -> anyhow::Result<()> {
+    let (env, c, relay) = streaming("oid_restart", &["tenant_a", "tenant_b"]).await?;
+    let v1 = write(&c, "tenant_a.outbox", "A", 1, true).await?;
+    wait_parked(&c, 1).await?;
+    let v2 = write(&c, "tenant_a.outbox", "A", 2, false).await?;
+    wait_parked(&c, 2).await?;
+    env.confirmed_past_now(Duration::from_secs(10)).await?;
+    relay.shutdown().await?;
+
+    c.batch_execute("CREATE SCHEMA tenant_c; ALTER TABLE tenant_a.outbox SET SCHEMA tenant_c")
+        .await?;
+    let relay = Relay::start(env.config()?);
+    let v3 = write(&c, "tenant_c.outbox", "A", 3, false).await?;
+    let b1 = write(&c, "tenant_b.outbox", "A", 1, false).await?;
+    let got = wait_on_topic(&env, &[&b1])?;
+    assert!(!got.contains(&v3), "v3 overtook the parked v1: {got:?}");
+    wait_parked(&c, 3).await?;
+    let (code, list) = outboxd_cli(&["parked", "list"], &env.config_file()?);
+    assert_eq!(code, 0, "{list}");
+    assert!(
+        list.contains("tenant_c.outbox") && !list.contains("tenant_a.outbox"),
+        "{list}"
+    );
+
+    retry(&env, &v1, 1)?;
+    let got = wait_on_topic(&env, &[&v1, &v2, &v3])?;
+    in_order(&got, &[&v1, &v2, &v3]);
+    let states = parked(&c).await?;
+    assert!(
+        states.iter().all(|(_, s, _)| s == "delivered"),
+        "{states:?}"
+    );
+    assert!(!relay.is_finished(), "the relay kept running");
+    relay.shutdown().await?;
+    Ok(())
+}
