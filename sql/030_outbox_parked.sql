@@ -74,6 +74,12 @@ CREATE INDEX IF NOT EXISTS outbox_parked_heads_idx
     ON public.outbox_parked (slot, aggregate_type, aggregate_id, id) WHERE state IN ('parked', 'retry');
 -- The database role that made the change (`operator` is what the person typed).
 ALTER TABLE public.outbox_parked_audit ADD COLUMN IF NOT EXISTS db_user text NOT NULL DEFAULT session_user;
+-- Issue 56: the oid of the outbox table the row came from (for a partition's row, the root it
+-- belonged to when it was written), when the relay knew it. A table's holds and heads follow it
+-- through renames: rows hold each other by oid, and by the `source_table` header (the name the
+-- table had when the row was parked) when either row has no oid (parked by an earlier version)
+-- or the other's table is gone (dropped). NULL: parked by an earlier version.
+ALTER TABLE public.outbox_parked ADD COLUMN IF NOT EXISTS source_relid oid;
 
 -- Trust boundaries (issue 27; docs/operations.md, "Roles and privileges"). The relay role may
 -- park and release, the repair role may ask for a retry or a discard, and neither may change
@@ -137,6 +143,11 @@ INSERT INTO public.outbox_parked_ledger (slot, event_id, parked_id)
 -- of the same aggregate hold each other when their tables are the same or either has none, so
 -- a one-table relay's rows hold as before, and rows parked before a relay listed several
 -- tables (no header: which table is unknown) hold their aggregate in every table.
+-- Issue 56: a row's table is its oid (`source_relid`) first. Two rows that both have one are
+-- of the same table when the oids are equal; when they differ, only if one of those tables is
+-- gone (dropped) and the names say so (a table recreated under its name holds as before). A
+-- row without one (parked by an earlier version) is compared by name as above. So a table
+-- renamed or moved keeps its holds, and two tables that swap names never swap them.
 --
 -- Issue 53: a new row's `id` (its place in release order) is the sequence's, taken here
 -- whatever the INSERT supplied (the relay role has no INSERT grant on the column either): no
@@ -158,7 +169,7 @@ BEGIN
                 WHERE h.slot = NEW.slot AND h.event_id = NEW.blocked_by AND h.blocks_aggregate
                   AND h.state IN ('parked', 'blocked', 'retry')
                   AND h.aggregate_type = NEW.aggregate_type AND h.aggregate_id = NEW.aggregate_id
-                  AND (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table))) THEN
+                  AND (CASE WHEN h.source_relid IS NULL OR NEW.source_relid IS NULL THEN (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table) ELSE h.source_relid = NEW.source_relid OR ((NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = h.source_relid) OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = NEW.source_relid)) AND (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table)) END))) THEN
             RAISE EXCEPTION 'outbox_parked: event % is held behind %, which is no open parked event of its aggregate in its table',
                 NEW.event_id, NEW.blocked_by;
         END IF;
@@ -181,11 +192,11 @@ BEGIN
     END IF;
     IF ROW(NEW.id, NEW.slot, NEW.event_id, NEW.aggregate_type, NEW.aggregate_id, NEW.aggregate_version,
            NEW.event_type, NEW.topic, NEW.record_key, NEW.payload, NEW.headers, NEW.record_ts_ms,
-           NEW.commit_lsn, NEW.blocks_aggregate, NEW.blocked_by, NEW.first_seen)
+           NEW.commit_lsn, NEW.blocks_aggregate, NEW.blocked_by, NEW.first_seen, NEW.source_relid)
        IS DISTINCT FROM
        ROW(OLD.id, OLD.slot, OLD.event_id, OLD.aggregate_type, OLD.aggregate_id, OLD.aggregate_version,
            OLD.event_type, OLD.topic, OLD.record_key, OLD.payload, OLD.headers, OLD.record_ts_ms,
-           OLD.commit_lsn, OLD.blocks_aggregate, OLD.blocked_by, OLD.first_seen) THEN
+           OLD.commit_lsn, OLD.blocks_aggregate, OLD.blocked_by, OLD.first_seen, OLD.source_relid) THEN
         RAISE EXCEPTION 'outbox_parked: event %: what was parked cannot change (a corrected payload goes in the retry''s audit row: outboxd parked retry --payload)',
             OLD.event_id;
     END IF;
@@ -229,7 +240,7 @@ BEGIN
                 WHERE h.slot = OLD.slot AND h.id < OLD.id AND h.blocks_aggregate
                   AND h.state IN ('parked', 'blocked', 'retry')
                   AND h.aggregate_type = OLD.aggregate_type AND h.aggregate_id = OLD.aggregate_id
-                  AND (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table)) THEN
+                  AND (CASE WHEN h.source_relid IS NULL OR OLD.source_relid IS NULL THEN (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table) ELSE h.source_relid = OLD.source_relid OR ((NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = h.source_relid) OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = OLD.source_relid)) AND (row_table IS NULL OR coalesce(jsonb_path_query_first(h.headers, 'strict $[*] ? (@[0] == "source_table")', '{}', true) ->> 1, row_table) = row_table)) END)) THEN
             RAISE EXCEPTION 'outbox_parked: event % is still held behind an open event of its aggregate',
                 OLD.event_id;
         END IF;

@@ -72,7 +72,7 @@ REVOKE INSERT ON public.outbox_parked FROM outboxd_relay;
 GRANT SELECT ON public.outbox_parked TO outboxd_relay;
 GRANT INSERT (slot, event_id, aggregate_type, aggregate_id, aggregate_version, event_type, topic,
               record_key, payload, headers, record_ts_ms, commit_lsn, state, blocks_aggregate,
-              blocked_by, error_class, error_message, integrity_tag)
+              blocked_by, error_class, error_message, integrity_tag, source_relid)
     ON public.outbox_parked TO outboxd_relay;
 -- Only what a release or a re-park changes; the rest of a parked row is frozen by its guard.
 GRANT UPDATE (state, attempts, last_seen, resolved_at, error_class, error_message, retry_audit_id)

@@ -20,7 +20,7 @@ const RELAY_TABLES: [(&str, &str); 4] = [
 
 /// The columns of `outbox_parked` the relay inserts (sql/roles.sql grants exactly these): not
 /// `id`, which the guard takes from the sequence, nor what the guard sets (issue 53).
-const PARKED_RELAY_INSERTS: [&str; 18] = [
+const PARKED_RELAY_INSERTS: [&str; 19] = [
     "slot",
     "event_id",
     "aggregate_type",
@@ -39,6 +39,7 @@ const PARKED_RELAY_INSERTS: [&str; 18] = [
     "error_class",
     "error_message",
     "integrity_tag",
+    "source_relid",
 ];
 
 /// The columns of `outbox_parked` the relay updates (sql/roles.sql grants exactly these).

@@ -195,7 +195,9 @@ fn compare(
     payload_checked: bool,
 ) -> Found {
     let rec = &r.record;
-    if let Some(tag) = tag {
+    // A row of a table renamed since it was parked names the table as it was: its oid chose
+    // this table, whose row must then vouch for it.
+    if let Some(tag) = tag.filter(|_| !r.renamed) {
         let stored = rec.headers.iter().find(|(k, _)| k == SOURCE_TABLE_HEADER);
         if stored.and_then(|(_, v)| v.as_deref()) != Some(tag) {
             return Found::Differs(SOURCE_TABLE_HEADER);
@@ -313,6 +315,8 @@ mod tests {
             blocks_aggregate: true,
             blocked_by: None,
             tag: None,
+            relid: None,
+            renamed: false,
         }
     }
 

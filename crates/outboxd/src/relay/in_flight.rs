@@ -25,9 +25,10 @@ pub struct InFlight {
     /// Bytes of events since the oldest unacknowledged one (approximate, for backpressure).
     bytes: usize,
     sizes: VecDeque<(Seq, usize)>,
-    /// Label index (into `labels`) and listed table (index into `tables`) of each event from
-    /// the oldest unacknowledged one on.
-    meta: VecDeque<(u32, u16)>,
+    /// Label index (into `labels`), listed table (index into `tables`) and the oid of the
+    /// table it was read from (0: unknown; what a refused one is parked under, issue 56) of
+    /// each event from the oldest unacknowledged one on.
+    meta: VecDeque<(u32, u16, u32)>,
     meta_base: Seq,
     labels: Vec<Label>,
     label_idx: HashMap<String, HashMap<String, u32>>,
@@ -103,6 +104,7 @@ impl InFlight {
     pub fn add(
         &mut self,
         table: usize,
+        relid: Option<u32>,
         event_type: &str,
         topic: &str,
         size: usize,
@@ -110,7 +112,8 @@ impl InFlight {
     ) -> Result<Seq, ProtocolError> {
         let seq = self.tracker.add_event()?;
         let label = self.label(event_type, topic, labels);
-        self.meta.push_back((label, table as u16));
+        self.meta
+            .push_back((label, table as u16, relid.unwrap_or(0)));
         self.bytes += size;
         self.sizes.push_back((seq, size));
         Ok(seq)
@@ -120,7 +123,7 @@ impl InFlight {
     /// confirmed until [`InFlight::parked`] settles it. Counted in no metric.
     pub fn add_mark(&mut self) -> Result<Seq, ProtocolError> {
         let seq = self.tracker.add_event()?;
-        self.meta.push_back((u32::MAX, u16::MAX));
+        self.meta.push_back((u32::MAX, u16::MAX, 0));
         self.sizes.push_back((seq, 0));
         Ok(seq)
     }
@@ -184,7 +187,7 @@ impl InFlight {
     /// Commit time (unix µs) of the oldest unacknowledged event, per event type.
     pub fn oldest_pending(&self) -> HashMap<String, i64> {
         let mut oldest = HashMap::new();
-        for (i, &(label, _)) in self.meta.iter().enumerate() {
+        for (i, &(label, _, _)) in self.meta.iter().enumerate() {
             let seq = self.meta_base + i as u64;
             if !self.tracker.is_pending(seq) {
                 continue;
@@ -204,14 +207,23 @@ impl InFlight {
 
     fn label_of(&self, seq: Seq) -> Option<&Label> {
         let i = seq.checked_sub(self.meta_base)?;
-        let &(l, _) = self.meta.get(i as usize)?;
+        let &(l, _, _) = self.meta.get(i as usize)?;
         self.labels.get(l as usize)
     }
 
     /// The listed table (index) an in-flight event came from.
     fn table_of(&self, seq: Seq) -> Option<usize> {
         let i = seq.checked_sub(self.meta_base)?;
-        self.meta.get(i as usize).map(|&(_, t)| t as usize)
+        self.meta.get(i as usize).map(|&(_, t, _)| t as usize)
+    }
+
+    /// The oid of the table an in-flight event was read from, when the session knew it.
+    pub fn relid_of(&self, seq: Seq) -> Option<u32> {
+        let i = seq.checked_sub(self.meta_base)?;
+        self.meta
+            .get(i as usize)
+            .map(|&(_, _, r)| r)
+            .filter(|&r| r != 0)
     }
 
     /// Interned `(event_type, topic)` label of the published-events counter. Only label
@@ -284,8 +296,12 @@ mod tests {
     fn bytes_and_labels_follow_the_acknowledged_prefix() {
         let mut f = InFlight::new(10);
         f.begin_at(1).unwrap();
-        let a = f.add(0, "Paid", "t", 100, &Labels::default()).unwrap();
-        let b = f.add(0, "Shipped", "t", 50, &Labels::default()).unwrap();
+        let a = f
+            .add(0, None, "Paid", "t", 100, &Labels::default())
+            .unwrap();
+        let b = f
+            .add(0, None, "Shipped", "t", 50, &Labels::default())
+            .unwrap();
         f.commit(20).unwrap();
         assert_eq!((f.events(), f.bytes()), (2, 150));
         assert_eq!(f.oldest_pending().len(), 2);
@@ -301,7 +317,7 @@ mod tests {
     fn a_failed_event_names_its_type_and_stops_the_confirm() {
         let mut f = InFlight::new(10);
         f.begin_at(1).unwrap();
-        let a = f.add(0, "Paid", "t", 1, &Labels::default()).unwrap();
+        let a = f.add(0, None, "Paid", "t", 1, &Labels::default()).unwrap();
         f.commit(20).unwrap();
         assert_eq!(f.failed(a), Some("Paid"));
         assert_eq!(f.confirmed(), 10);
@@ -313,7 +329,7 @@ mod tests {
         // Insert before Begin (a broken or hostile server): nothing is tracked.
         assert_eq!(f.check_open(), Err(ProtocolError::InsertWithoutBegin));
         assert_eq!(
-            f.add(0, "Paid", "t", 1, &Labels::default()),
+            f.add(0, None, "Paid", "t", 1, &Labels::default()),
             Err(ProtocolError::InsertWithoutBegin)
         );
         assert_eq!((f.events(), f.bytes()), (0, 0));
@@ -329,7 +345,7 @@ mod tests {
     fn hostile_commit_times_do_not_overflow() {
         let mut f = InFlight::new(0);
         f.begin_at(i64::MIN).unwrap();
-        let a = f.add(0, "Paid", "t", 1, &Labels::default()).unwrap();
+        let a = f.add(0, None, "Paid", "t", 1, &Labels::default()).unwrap();
         f.commit(1).unwrap();
         f.delivered(a, 0);
         f.begin_at(i64::MAX).unwrap();

@@ -12,6 +12,7 @@ pub(crate) mod kafka;
 pub(crate) mod lsn;
 pub(crate) mod outboxes;
 pub(crate) mod park;
+pub(crate) mod park_routes;
 pub(crate) mod pgoutput;
 pub(crate) mod releasing;
 pub(crate) mod route;

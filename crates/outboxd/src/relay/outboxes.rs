@@ -32,6 +32,10 @@ pub struct Outbox {
     tagged: bool,
     /// JSON Schema validation applies (`schema_dir` set): refused for a bytea payload.
     validates: bool,
+    /// The table's oid, from the last Relation message that named it (issue 56: what its
+    /// parked rows, holds and heads key on). `None` until one came, and for a partitioned
+    /// table whose rows come under its partitions' Relations.
+    pub oid: Option<u32>,
 }
 
 impl Outbox {
@@ -111,6 +115,7 @@ impl Outboxes {
                     schema: t.schema,
                     name: t.name,
                     tagged,
+                    oid: None,
                 })
             })
             .collect::<Result<Vec<_>, RelayError>>()?;
@@ -146,11 +151,14 @@ impl Outboxes {
     /// renamed away stops being one. A table a pattern matches that the session does not read
     /// joined the publication since it started: Err([`RelayError::TablesChanged`]).
     pub fn on_relation(&mut self, rel: &Relation) -> Result<(), RelayError> {
-        let listed = self
+        let by_name = self
             .tables
             .iter()
-            .position(|t| (t.schema.as_str(), t.name.as_str()) == (&rel.namespace, &rel.name))
-            .or_else(|| self.partitions.get(&rel.id).copied());
+            .position(|t| (t.schema.as_str(), t.name.as_str()) == (&rel.namespace, &rel.name));
+        if let Some(i) = by_name {
+            self.tables[i].oid = Some(rel.id);
+        }
+        let listed = by_name.or_else(|| self.partitions.get(&rel.id).copied());
         match listed {
             Some(i) => {
                 let mut missing = Vec::new();
@@ -242,6 +250,7 @@ impl Outboxes {
             label: Arc::from(t.label()),
             tagged: self.tagged,
             validates: t.validation.schema_dir.is_some(),
+            oid: None,
         });
         Ok(self.tables.len() - 1)
     }
@@ -282,6 +291,13 @@ impl Outboxes {
     /// Every listed table's `schema.table`, in configuration order.
     pub fn labels(&self) -> Vec<Arc<str>> {
         self.tables.iter().map(|t| t.label.clone()).collect()
+    }
+
+    /// The oid of the table at `i`, when a Relation message named it ([`Outbox::oid`]) and the
+    /// relay's records name their table: a one-table relay's parked rows name none and hold
+    /// their aggregate in every table a later configuration lists, as before issue 56.
+    pub fn oid(&self, i: usize) -> Option<u32> {
+        self.tables.get(i).filter(|t| t.tagged).and_then(|t| t.oid)
     }
 
     /// The table at `i` (an index [`Lookup::Outbox`] gave).

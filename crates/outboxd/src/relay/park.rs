@@ -6,62 +6,29 @@
 //! held per table: a parked event of table T holds later events of its aggregate in T only
 //! (ordering is per aggregate within a table). A parked event that names no table (parked by
 //! a one-table relay) holds its aggregate in every table, since nothing says which it was.
+//! A table is its oid (issue 56): renamed or moved within the relayed set it keeps its holds,
+//! and its parked events are released through its route under its current name
+//! ([`crate::relay::park_routes`]); rows parked without an oid hold and release by name.
 
 use crate::config::policy::{NullPayload, OnPoison, Ordering, PolicyConfig};
-use crate::config::tables::{stored_table, ParkedTable, SOURCE_TABLE_HEADER};
+use crate::config::tables::{stored_table, SOURCE_TABLE_HEADER};
 use crate::config::Config;
 use crate::error::RelayError;
 use crate::fail;
-use crate::model::topic::TopicTemplate;
 use crate::obs::Observed;
 use crate::poison::bounds::Bounds;
 use crate::poison::integrity::Placement;
-use crate::poison::provenance::Provenance;
-use crate::poison::store::{self as parking, Blocked, OpenStats, ParkState, ParkedRecord};
-use crate::poison::validate::Validator;
+use crate::poison::store::{
+    self as parking, Blocked, OpenStats, ParkState, ParkedRecord, TableKey,
+};
 use crate::poison::vet::Vetting;
 use crate::relay::kafka::{Producer, Verdict};
+use crate::relay::park_routes::{ReleaseRoute, Routes};
 use crate::relay::releasing::{InFlight, Sent};
 use crate::relay::route::release;
 use crate::relay::source::sql_bounded;
 use std::sync::Arc;
 use tokio_postgres::Client;
-
-/// What a released event of one outbox table goes through: that table's router and check.
-struct ReleaseRoute {
-    /// `schema.table`, what its records carry in the `source_table` header (several tables).
-    label: String,
-    /// The live path's topic template.
-    topic: TopicTemplate,
-    /// The column mapping: released events carry header `id`, the placed columns' headers and
-    /// NULL aggregate ids or event types like live ones.
-    names: crate::model::columns::ColumnNames,
-    /// What a NULL payload becomes unless the policy says: the preset's choice.
-    null_default: NullPayload,
-    /// A release goes out only when the outbox row (or an operator's audit row) vouches for it.
-    provenance: Provenance,
-    /// `[policy]` merged with this table's: what its poison events do, whether they hold.
-    policy: PolicyConfig,
-    /// This table's schemas (`[validation]` merged with its own), for live and released events.
-    validator: Option<Validator>,
-}
-
-impl ReleaseRoute {
-    fn of(t: &crate::config::tables::OutboxTable, tagged: bool) -> Result<Self, RelayError> {
-        Ok(Self {
-            label: t.label(),
-            topic: TopicTemplate::parse(&t.topic)?,
-            names: t.columns.resolve()?,
-            null_default: match t.columns.preset {
-                crate::model::columns::Preset::Debezium => NullPayload::Tombstone,
-                crate::model::columns::Preset::Outboxd => NullPayload::Park,
-            },
-            provenance: Provenance::new(t, tagged)?,
-            policy: t.policy.clone(),
-            validator: Validator::from_config(&t.validation),
-        })
-    }
-}
 
 /// See the module docs. One per session.
 pub struct PoisonHandler {
@@ -75,8 +42,8 @@ pub struct PoisonHandler {
     releasing: InFlight,
     observed: Arc<Observed>,
     /// Per listed outbox table (configuration order): the live path's routing and checks,
-    /// applied again to released events.
-    routes: Vec<ReleaseRoute>,
+    /// applied again to released events; and those of tables found by oid for a release.
+    routes: Routes,
     /// Records carry the `source_table` header ([`Config::tags_records`]).
     tagged: bool,
     topic_buf: String,
@@ -88,6 +55,9 @@ pub struct PoisonHandler {
     bounds: Bounds,
     /// Rows of the batch in flight refused before sending: written with its outcome.
     refused: Vec<(i64, &'static str, String)>,
+    /// This role may write a parked row's oid ([`parking::may_write_relid`]); if not, rows are
+    /// parked, held and released by name, as before issue 56.
+    relids: bool,
 }
 
 impl PoisonHandler {
@@ -104,6 +74,10 @@ impl PoisonHandler {
         let blocked = parking::blocked_aggregates(sql, &cfg.source.slot).await?;
         let mut h = Self::with(cfg, blocked, observed, false)?;
         h.bounds.open_bytes = h.open_bytes(sql).await?;
+        h.relids = parking::may_write_relid(sql).await?;
+        if !h.relids && h.tagged {
+            tracing::warn!("this role may not write outbox_parked.source_relid (run `outboxd init` and the grants of sql/roles.sql again): parked events hold and release by their table's name, so a table renamed while a head is parked loses its holds");
+        }
         Ok(h)
     }
 
@@ -126,17 +100,23 @@ impl PoisonHandler {
             blocked,
             releasing: InFlight::default(),
             observed,
-            routes: cfg
-                .tables()
-                .iter()
-                .map(|t| ReleaseRoute::of(t, cfg.tags_records()))
-                .collect::<Result<_, RelayError>>()?,
+            routes: Routes {
+                listed: cfg
+                    .tables()
+                    .iter()
+                    .map(|t| ReleaseRoute::of(t, cfg.tags_records()))
+                    .collect::<Result<_, RelayError>>()?,
+                found: Vec::new(),
+                cfg: cfg.has_patterns().then(|| Box::new(cfg.clone())),
+                tagged: cfg.tags_records(),
+            },
             tagged: cfg.tags_records(),
             topic_buf: String::new(),
             refuse_all,
             vetting: Vetting::of(&cfg.parked),
             bounds: Bounds::of(&cfg.parked),
             refused: Vec::new(),
+            relids: true,
         })
     }
 
@@ -144,14 +124,14 @@ impl PoisonHandler {
     /// that left the publication while the stream still holds its rows,
     /// [`crate::relay::outboxes::Outboxes::adopt`]).
     pub fn add_table(&mut self, t: &crate::config::tables::OutboxTable) -> Result<(), RelayError> {
-        self.routes.push(ReleaseRoute::of(t, self.tagged)?);
+        self.routes.listed.push(ReleaseRoute::of(t, self.tagged)?);
         Ok(())
     }
 
     /// Is a NULL payload of this type, from the listed table at index `table`, poison
     /// (`park`) rather than a tombstone?
     pub fn parks_null_payload(&self, event_type: &str, table: usize) -> bool {
-        let route = &self.routes[table];
+        let route = &self.routes.listed[table];
         route.policy.null_payload(event_type, route.null_default) == NullPayload::Park
     }
 
@@ -163,47 +143,46 @@ impl PoisonHandler {
         schema_version: &str,
         payload: &[u8],
     ) -> Result<(), String> {
-        match self.routes[table].validator.as_mut() {
+        match self.routes.listed[table].validator.as_mut() {
             Some(v) => v.check(event_type, schema_version, payload),
             None => Ok(()),
         }
     }
 
-    /// Which listed table a parked event came from (see [`ParkedTable`]). A forged header
-    /// only picks the table whose row must then vouch for the copy ([`Provenance`]), so it
-    /// cannot route a record another table's way unless that table holds exactly that event.
-    fn table_of<'r>(&self, rec: &'r parking::ParkedRecord) -> ParkedTable<'r> {
-        let labels: Vec<String> = self.routes.iter().map(|r| r.label.clone()).collect();
-        ParkedTable::of(&labels, stored_table(&rec.headers))
-    }
-
+    /// Which listed table a parked event came from, by the name its record carries (for its
+    /// policy when it is parked: the session's table it was read from).
     fn route_of(&self, rec: &parking::ParkedRecord) -> Option<usize> {
-        match self.table_of(rec) {
-            ParkedTable::Listed(i) => Some(i),
+        let labels: Vec<String> = self.routes.listed.iter().map(|r| r.label.clone()).collect();
+        match crate::config::tables::ParkedTable::of(&labels, stored_table(&rec.headers)) {
+            crate::config::tables::ParkedTable::Listed(i) => Some(i),
             _ => None,
         }
     }
 
     /// The parked event this event of the listed table at index `table` must wait behind, when
     /// its type orders by aggregate (in its table's policy) and the aggregate is blocked in
-    /// its table.
+    /// its table (`relid`: its oid, when the session knows it).
     pub fn blocked_by(
         &self,
         event_type: &str,
         table: usize,
+        relid: Option<u32>,
         aggregate_type: &str,
         aggregate_id: &str,
     ) -> Option<String> {
-        let route = &self.routes[table];
+        let route = &self.routes.listed[table];
         if route.policy.for_type(event_type).ordering != Ordering::Aggregate {
             return None;
         }
-        // What its record's `source_table` header says (none with one table).
-        let ours = self.tagged.then_some(route.label.as_str());
         let heads = self.blocked.get(aggregate_type)?.get(aggregate_id)?;
+        // Its oid, and what its record's `source_table` header says (none with one table).
+        let ours = TableKey {
+            relid,
+            name: self.tagged.then(|| route.label.clone()),
+        };
         heads
             .iter()
-            .find(|(t, _)| parking::hold_each_other(t.as_deref(), ours))
+            .find(|(t, _)| parking::hold_each_other(t, &ours))
             .map(|(_, head)| head.clone())
     }
 
@@ -212,19 +191,21 @@ impl PoisonHandler {
         &mut self,
         sql: &Client,
         rec: ParkedRecord,
+        relid: Option<u32>,
         class: &str,
         message: &str,
     ) -> Result<(), RelayError> {
+        let relid = relid.filter(|_| self.relids);
         let event_type = rec.event_type.clone().unwrap_or_default();
         let pol = match self.route_of(&rec) {
-            Some(i) => self.routes[i].policy.for_type(&event_type),
+            Some(i) => self.routes.listed[i].policy.for_type(&event_type),
             None => self.policy.for_type(&event_type),
         };
         let label = self.observed.labels.event_type(&event_type).into_owned();
         metrics::counter!(crate::obs::POISON, "event_type" => label.clone(), "class" => class.to_string())
             .increment(1);
         if let (true, Some(i)) = (self.tagged, self.route_of(&rec)) {
-            let table = self.routes[i].label.clone();
+            let table = self.routes.listed[i].label.clone();
             metrics::counter!(crate::obs::TABLE_POISON, "table" => table).increment(1);
         }
         self.observed.errors.record(class, &label);
@@ -244,6 +225,7 @@ impl PoisonHandler {
             sql,
             &self.slot,
             &rec,
+            relid,
             ParkState::Parked,
             blocks,
             None,
@@ -264,7 +246,10 @@ impl PoisonHandler {
             "event parked: {message}"
         );
         if blocks && matches!(state.as_str(), "parked" | "blocked" | "retry") {
-            let table = stored_table(&rec.headers).map(str::to_string);
+            let table = TableKey {
+                relid,
+                name: stored_table(&rec.headers).map(str::to_string),
+            };
             if let (Some(t), Some(a)) = (rec.aggregate_type, rec.aggregate_id) {
                 let heads = self.blocked.entry(t).or_default().entry(a).or_default();
                 if !heads.iter().any(|(h, _)| *h == table) {
@@ -280,14 +265,17 @@ impl PoisonHandler {
         &mut self,
         sql: &Client,
         rec: &ParkedRecord,
+        relid: Option<u32>,
         head: &str,
     ) -> Result<(), RelayError> {
+        let relid = relid.filter(|_| self.relids);
         self.bounds.admit(rec)?;
         let tag = self.seal(rec, true, Some(head));
         sql_bounded(parking::park(
             sql,
             &self.slot,
             rec,
+            relid,
             ParkState::Blocked,
             true,
             Some(head),
@@ -413,20 +401,26 @@ impl PoisonHandler {
         sql: &Client,
         r: &parking::Release,
     ) -> Result<Result<ParkedRecord, (&'static str, String)>, RelayError> {
-        let route_ix = match self.table_of(&r.record) {
-            ParkedTable::Listed(i) => i,
-            // Never through another table's mapping, topic or row.
-            other => {
-                return Ok(Err((
-                    "unknown_table",
-                    other.not_listed().unwrap_or_default(),
-                )))
-            }
+        // Its table by oid wherever it is now (by name without one): never through another
+        // table's mapping, topic or row.
+        let (which, renamed) = match self.routes.resolve(sql, r).await? {
+            Ok(found) => found,
+            Err(why) => return Ok(Err(("unknown_table", why))),
+        };
+        let renamed_copy;
+        let r = if renamed {
+            renamed_copy = parking::Release {
+                renamed: true,
+                ..r.clone()
+            };
+            &renamed_copy
+        } else {
+            r
         };
         // Never what the relay did not write, unchanged (see poison::vet).
         let refused = self
             .vetting
-            .vet(&self.slot, &mut self.routes[route_ix].provenance, sql, r)
+            .vet(&self.slot, &mut self.routes.get(which).provenance, sql, r)
             .await?;
         if let Some((class, message)) = refused {
             let event_type = r.record.event_type.as_deref().unwrap_or("");
@@ -440,7 +434,7 @@ impl PoisonHandler {
         // The table's header is the relay's, recomputed from the table that vouched, never
         // the stored copy's.
         let tagged = self.tagged;
-        let route = &mut self.routes[route_ix];
+        let route = self.routes.get(which);
         let mut stored = r.record.clone();
         stored.headers.retain(|(k, _)| k != SOURCE_TABLE_HEADER);
         let rebuilt = release::rebuild(&stored, &route.topic, &route.names, &mut self.topic_buf)

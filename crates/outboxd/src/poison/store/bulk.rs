@@ -43,7 +43,7 @@ pub async fn select(
     sel: &Selection,
     states: &[&str],
 ) -> Result<Vec<Candidate>, RelayError> {
-    let t = super::table_of("p");
+    let t = super::current_table_of("p");
     let states: Vec<String> = states.iter().map(|s| s.to_string()).collect();
     let rows = sql
         .query(

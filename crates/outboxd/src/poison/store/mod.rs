@@ -31,17 +31,85 @@ pub(crate) fn table_of(alias: &str) -> String {
     )
 }
 
-/// SQL: parked rows `a` and `b` hold each other's aggregate: the same table, or either of none
-/// (sql/030's guard says why).
-fn same_table(a: &str, b: &str) -> String {
-    let (a, b) = (table_of(a), table_of(b));
-    format!("({a} IS NULL OR {b} IS NULL OR {a} = {b})")
+/// SQL: the table of parked row `alias` as people name it now: with a `source_table` header
+/// and an oid whose table still exists, that table's current `schema.table` (renamed or moved
+/// since it was parked, issue 56); otherwise the header ([`table_of`]).
+pub(crate) fn current_table_of(alias: &str) -> String {
+    let t = table_of(alias);
+    format!(
+        "(CASE WHEN {t} IS NOT NULL THEN coalesce((SELECT n.nspname::text || '.' || c.relname::text \
+           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+           WHERE c.oid = {alias}.source_relid), {t}) END)"
+    )
 }
 
-/// Do parked events of tables `a` and `b` hold each other's aggregate? The same table, or
-/// either of none: [`same_table`] in Rust.
-pub fn hold_each_other(a: Option<&str>, b: Option<&str>) -> bool {
-    a.is_none() || b.is_none() || a == b
+/// SQL: the oid of parked row `alias`'s table when that table still exists (NULL: parked by
+/// an earlier version without one, or its table is gone).
+pub(crate) fn live_relid_of(alias: &str) -> String {
+    format!(
+        "(CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = {alias}.source_relid) \
+           THEN {alias}.source_relid END)"
+    )
+}
+
+/// SQL: parked rows `a` and `b` hold each other's aggregate: the same table by oid (issue 56),
+/// or by name when either has no oid or one of their tables is gone (sql/030's guard says why).
+fn same_table(a: &str, b: &str) -> String {
+    let (ta, tb) = (table_of(a), table_of(b));
+    let names = format!("({ta} IS NULL OR {tb} IS NULL OR {ta} = {tb})");
+    let (ra, rb) = (format!("{a}.source_relid"), format!("{b}.source_relid"));
+    format!(
+        "(CASE WHEN {ra} IS NULL OR {rb} IS NULL THEN {names} \
+           ELSE {ra} = {rb} OR (({} IS NULL OR {} IS NULL) AND {names}) END)",
+        live_relid_of(a),
+        live_relid_of(b)
+    )
+}
+
+/// Which outbox table a parked row (or a live event) is of: its oid when known (a live table's,
+/// or a parked row's whose table still exists) and its `schema.table` (the `source_table`
+/// header; `None` without one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct TableKey {
+    pub relid: Option<u32>,
+    pub name: Option<String>,
+}
+
+/// Do parked events of tables `a` and `b` hold each other's aggregate? The same oid; without
+/// one on either side, the same name or either of none: [`same_table`] in Rust (a parked row's
+/// oid whose table is gone is loaded as none).
+pub fn hold_each_other(a: &TableKey, b: &TableKey) -> bool {
+    match (a.relid, b.relid) {
+        (Some(x), Some(y)) => x == y,
+        _ => a.name.is_none() || b.name.is_none() || a.name == b.name,
+    }
+}
+
+/// May this role write `outbox_parked.source_relid`? Not when the column is missing (tables
+/// this role could not upgrade) or the role's INSERT grant predates it (sql/roles.sql).
+pub async fn may_write_relid(sql: &Client) -> Result<bool, RelayError> {
+    Ok(sql
+        .query_one(
+            "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+               WHERE attrelid = to_regclass('outbox_parked') AND attname = 'source_relid' \
+                 AND NOT attisdropped) \
+             THEN has_column_privilege('outbox_parked', 'source_relid', 'INSERT') ELSE false END",
+            &[],
+        )
+        .await?
+        .get(0))
+}
+
+/// The current `schema.table` of relation `relid` (`None`: it is gone).
+pub async fn name_of(sql: &Client, relid: u32) -> Result<Option<String>, RelayError> {
+    Ok(sql
+        .query_opt(
+            "SELECT n.nspname::text || '.' || c.relname::text FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+            &[&relid],
+        )
+        .await?
+        .map(|r| r.get(0)))
 }
 
 /// How the event is parked.
@@ -65,10 +133,10 @@ pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
                 // tables (the repair role, a least-privilege relay) must still see them.
                 "SELECT to_regclass('outbox_parked') IS NOT NULL \
                           AND to_regclass('outbox_parked_audit') IS NOT NULL, \
-                        count(*) = 4 AND to_regclass('outbox_parked_release_idx') IS NOT NULL \
+                        count(*) = 5 AND to_regclass('outbox_parked_release_idx') IS NOT NULL \
                           AND to_regclass('outbox_parked_heads_idx') IS NOT NULL \
                    FROM pg_attribute WHERE NOT attisdropped \
-                   AND ((attrelid = to_regclass('outbox_parked') AND attname IN ('retry_audit_id', 'integrity_tag')) \
+                   AND ((attrelid = to_regclass('outbox_parked') AND attname IN ('retry_audit_id', 'integrity_tag', 'source_relid')) \
                      OR (attrelid = to_regclass('outbox_parked_audit') AND attname IN ('db_user', 'txid')))",
                 &[],
             )
@@ -78,7 +146,25 @@ pub async fn ensure_tables(sql: &Client) -> Result<(), RelayError> {
     if current && guards_installed(sql).await? {
         return Ok(());
     }
-    crate::schema::install(sql, PARKED_SQL, "outbox_parked", present).await
+    crate::schema::install(sql, PARKED_SQL, "outbox_parked", present).await?;
+    // Every query of parked rows reads it: without it nothing here works (issue 56).
+    let relid: bool = sql
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('outbox_parked') \
+               AND attname = 'source_relid' AND NOT attisdropped)",
+            &[],
+        )
+        .await?
+        .get(0);
+    match relid {
+        true => Ok(()),
+        false => Err(RelayError::Setup(
+            "outbox_parked lacks the column source_relid of this version (the oid of a parked \
+             event's table) and this role cannot add it: run `outboxd init` as the admin role, \
+             then the grants of sql/roles.sql again"
+                .into(),
+        )),
+    }
 }
 
 /// [`ensure_tables`] for a relay with several outbox tables, which holds aggregates per table:
@@ -114,7 +200,8 @@ pub async fn ensure_tables_per_table(sql: &Client) -> Result<(), RelayError> {
 /// `source_table` header); an older one holds them across tables and would refuse releases
 /// that are in order, so it counts as missing and the relay replaces it. Since issue 53 it
 /// also assigns `id` and keeps the ledger of parked events (as the owner: SECURITY DEFINER);
-/// one without would let a supplied id or a re-inserted event through.
+/// one without would let a supplied id or a re-inserted event through. Since issue 56 it holds
+/// by the table's oid (`source_relid`); an older one would refuse holds across a rename.
 pub async fn guards_installed(sql: &Client) -> Result<bool, RelayError> {
     Ok(sql
         .query_one(
@@ -122,7 +209,7 @@ pub async fn guards_installed(sql: &Client) -> Result<bool, RelayError> {
              WHERE t.tgenabled <> 'D' AND p.proconfig IS NOT NULL \
                AND (t.tgname <> 'outbox_parked_guard' \
                     OR (p.prosrc LIKE '%source_table%' AND p.prosrc LIKE '%outbox_parked_ledger%' \
-                        AND p.prosecdef)) \
+                        AND p.prosrc LIKE '%source_relid%' AND p.prosecdef)) \
                AND ((t.tgrelid = to_regclass('outbox_parked') AND t.tgname = 'outbox_parked_guard') \
                  OR (t.tgrelid = to_regclass('outbox_parked_audit') AND t.tgname = 'outbox_parked_audit_guard'))",
             &[],
@@ -140,11 +227,13 @@ pub async fn guards_installed(sql: &Client) -> Result<bool, RelayError> {
 /// header differs is refused ([`RelayError::Halted`], class `event_id_collision`).
 ///
 /// `tag`: the relay's integrity tag of the row (`poison::integrity`), when it has a key.
+/// `relid`: the oid of its table (its root's, for a partition's row), when the session knows it.
 #[allow(clippy::too_many_arguments)]
 pub async fn park(
     sql: &Client,
     slot: &str,
     rec: &ParkedRecord,
+    relid: Option<u32>,
     state: ParkState,
     blocks_aggregate: bool,
     blocked_by: Option<&str>,
@@ -157,39 +246,54 @@ pub async fn park(
         ParkState::Parked => "parked",
         ParkState::Blocked => "blocked",
     };
+    // Without an oid the column is left out: a relay role not granted INSERT on it (an
+    // upgrade whose sql/roles.sql grants were not run again) parks by name, as before.
+    let (col, val) = match relid {
+        Some(_) => (", source_relid", ", $18"),
+        None => ("", ""),
+    };
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+        &slot,
+        &rec.event_id,
+        &rec.aggregate_type,
+        &rec.aggregate_id,
+        &rec.aggregate_version,
+        &rec.event_type,
+        &rec.topic,
+        &rec.key,
+        &rec.payload,
+        &headers,
+        &rec.timestamp_ms,
+        &state,
+        &blocks_aggregate,
+        &blocked_by,
+        &class,
+        &message,
+        &tag,
+    ];
+    if let Some(r) = &relid {
+        params.push(r);
+    }
     let row = sql
         .query_one(
             &format!("INSERT INTO outbox_parked (slot, event_id, aggregate_type, aggregate_id, aggregate_version, \
                event_type, topic, record_key, payload, headers, record_ts_ms, state, blocks_aggregate, \
-               blocked_by, error_class, error_message, integrity_tag) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+               blocked_by, error_class, error_message, integrity_tag{col}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17{val}) \
              ON CONFLICT (slot, event_id) DO UPDATE SET attempts = outbox_parked.attempts + 1, \
                last_seen = now() \
-             RETURNING state, {}", table_of("outbox_parked")),
-            &[
-                &slot,
-                &rec.event_id,
-                &rec.aggregate_type,
-                &rec.aggregate_id,
-                &rec.aggregate_version,
-                &rec.event_type,
-                &rec.topic,
-                &rec.key,
-                &rec.payload,
-                &headers,
-                &rec.timestamp_ms,
-                &state,
-                &blocks_aggregate,
-                &blocked_by,
-                &class,
-                &message,
-                &tag,
-            ],
+             RETURNING state, {}, source_relid", table_of("outbox_parked")),
+            &params,
         )
         .await?;
     let stored: Option<String> = row.get(1);
     let ours = crate::config::tables::stored_table(&rec.headers);
-    if stored.as_deref() != ours {
+    let stored_relid: Option<u32> = row.get(2);
+    let other = match (stored_relid, relid) {
+        (Some(a), Some(b)) => a != b,
+        _ => stored.as_deref() != ours,
+    };
+    if other {
         return Err(RelayError::Halted {
             event_id: rec.event_id.clone(),
             class: "event_id_collision".into(),
@@ -208,36 +312,46 @@ pub async fn park(
 }
 
 /// Aggregates that hold their later events: aggregate_type → aggregate_id → the open heads,
-/// one per table (`None`: a row of no table), each with its event_id.
-pub type Blocked = HashMap<String, HashMap<String, Vec<(Option<String>, String)>>>;
+/// one per table ([`TableKey`]; one of no oid and no name: a row of no table), each with its
+/// event_id.
+pub type Blocked = HashMap<String, HashMap<String, Vec<(TableKey, String)>>>;
+
+/// SQL: the open heads of `slot`'s aggregates among parked rows `p` filtered by `filter`: one
+/// per (aggregate, table), the table by live oid (`r`) or, without one, by name (`t`).
+pub(crate) fn heads_sql(from: &str) -> String {
+    format!(
+        "SELECT DISTINCT ON (aggregate_type, aggregate_id, r, n) aggregate_type, aggregate_id, \
+                t, event_id, r \
+         FROM (SELECT p.aggregate_type, p.aggregate_id, p.id, p.event_id, {t} AS t, {r} AS r, \
+                      CASE WHEN {r} IS NULL THEN {t} END AS n \
+               FROM {from} AND p.blocks_aggregate AND p.state IN ('parked', 'blocked', 'retry') \
+                 AND p.aggregate_type IS NOT NULL AND p.aggregate_id IS NOT NULL) open \
+         ORDER BY aggregate_type, aggregate_id, r, n, id",
+        t = table_of("p"),
+        r = live_relid_of("p"),
+    )
+}
 
 pub async fn blocked_aggregates(sql: &Client, slot: &str) -> Result<Blocked, RelayError> {
     let rows = sql
-        .query(
-            &format!(
-                "SELECT DISTINCT ON (aggregate_type, aggregate_id, t) aggregate_type, aggregate_id, \
-                        t, event_id \
-                 FROM (SELECT p.*, {} AS t FROM outbox_parked p WHERE slot = $1 \
-                         AND blocks_aggregate AND state IN ('parked', 'blocked', 'retry') \
-                         AND aggregate_type IS NOT NULL AND aggregate_id IS NOT NULL) open \
-                 ORDER BY aggregate_type, aggregate_id, t, id",
-                table_of("p")
-            ),
-            &[&slot],
-        )
+        .query(&heads_sql("outbox_parked p WHERE p.slot = $1"), &[&slot])
         .await?;
     Ok(blocked_from(rows))
 }
 
-/// [`Blocked`] from rows of (aggregate_type, aggregate_id, table, head event_id).
+/// [`Blocked`] from rows of (aggregate_type, aggregate_id, table name, head event_id, oid).
 pub(crate) fn blocked_from(rows: Vec<tokio_postgres::Row>) -> Blocked {
     let mut b = Blocked::new();
     for r in rows {
+        let key = TableKey {
+            relid: r.get(4),
+            name: r.get(2),
+        };
         b.entry(r.get(0))
             .or_default()
             .entry(r.get(1))
             .or_default()
-            .push((r.get(2), r.get(3)));
+            .push((key, r.get(3)));
     }
     b
 }
@@ -257,6 +371,11 @@ pub struct Release {
     pub blocks_aggregate: bool,
     pub blocked_by: Option<String>,
     pub tag: Option<Vec<u8>>,
+    /// The oid of its table, when the relay that parked it knew it (issue 56).
+    pub relid: Option<u32>,
+    /// Its table was found by that oid under another name than its `source_table` header
+    /// (renamed or moved since): the header is the name it had, not the one its route has.
+    pub renamed: bool,
 }
 
 impl Release {
@@ -285,8 +404,8 @@ pub async fn mark_failed(
     Ok(())
 }
 
-/// Open parked events per outbox table (the `source_table` header their records carry; `None`
-/// for records without one), for `status` with several tables.
+/// Open parked events per outbox table (as named now, [`current_table_of`]; `None` for records
+/// without a `source_table` header), for `status` with several tables.
 pub async fn open_per_table(
     sql: &Client,
     slot: &str,
@@ -297,7 +416,7 @@ pub async fn open_per_table(
                 "SELECT {}, count(*) \
                  FROM outbox_parked p WHERE p.slot = $1 AND p.state IN ('parked', 'blocked', 'retry') \
                  GROUP BY 1",
-                table_of("p")
+                current_table_of("p")
             ),
             &[&slot],
         )
@@ -410,10 +529,31 @@ pub async fn open_stats(sql: &Client, slot: &str) -> Result<OpenStats, RelayErro
 mod tests {
     #[test]
     fn aggregates_hold_within_a_table_and_rows_of_no_table_everywhere() {
-        use super::hold_each_other as h;
+        use super::TableKey;
+        let k = |relid: Option<u32>, name: Option<&str>| TableKey {
+            relid,
+            name: name.map(str::to_string),
+        };
+        let h = |a: Option<&str>, b: Option<&str>| super::hold_each_other(&k(None, a), &k(None, b));
         assert!(h(Some("a.outbox"), Some("a.outbox")));
         assert!(!h(Some("a.outbox"), Some("b.outbox")));
         assert!(h(None, Some("b.outbox")) && h(Some("a.outbox"), None) && h(None, None));
+        // By oid when both have one: a rename keeps the holds, a swap does not swap them.
+        let h = super::hold_each_other;
+        assert!(h(
+            &k(Some(7), Some("a.outbox")),
+            &k(Some(7), Some("c.outbox"))
+        ));
+        assert!(!h(
+            &k(Some(7), Some("a.outbox")),
+            &k(Some(8), Some("a.outbox"))
+        ));
+        // One without (parked by an earlier version, or its table gone): by name.
+        assert!(h(&k(None, Some("a.outbox")), &k(Some(8), Some("a.outbox"))));
+        assert!(!h(
+            &k(None, Some("a.outbox")),
+            &k(Some(8), Some("b.outbox"))
+        ));
         assert!(super::table_of("p").contains("p.headers"));
     }
 }

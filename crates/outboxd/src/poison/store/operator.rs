@@ -21,7 +21,8 @@ pub struct Listed {
     pub attempts: i32,
     pub first_seen: String,
     pub error_message: String,
-    /// The outbox table its record names (`source_table`; none from a one-table relay).
+    /// The outbox table its record names (`source_table`; none from a one-table relay), under
+    /// its current name when its oid says it was renamed or moved since.
     pub table: Option<String>,
 }
 
@@ -46,7 +47,7 @@ pub async fn list_at_most(
                         to_char(first_seen, 'YYYY-MM-DD\"T\"HH24:MI:SSOF'), left(error_message, $4), {} \
                  FROM outbox_parked p WHERE slot = $1 \
                    AND ($2 OR state IN ('parked', 'blocked', 'retry')) ORDER BY id LIMIT $3",
-                super::table_of("p")
+                super::current_table_of("p")
             ),
             &[&slot, &all, &limit, &MESSAGE_CHARS],
         )
@@ -87,7 +88,8 @@ pub struct Detail {
     pub headers: Option<String>,
     /// (when, action, operator, reason), oldest first.
     pub audit: Vec<(String, String, String, String)>,
-    /// The outbox table its record names (`source_table`; none from a one-table relay).
+    /// The outbox table its record names (`source_table`; none from a one-table relay), under
+    /// its current name when its oid says it was renamed or moved since.
     pub table: Option<String>,
 }
 
@@ -110,7 +112,7 @@ pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Det
                           WHERE p.state = 'retry' AND a.id = p.retry_audit_id), payload), \
                         headers::text, {} \
                  FROM outbox_parked p WHERE slot = $1 AND event_id = $2",
-                super::table_of("p")
+                super::current_table_of("p")
             ),
             &[&slot, &event_id, &MESSAGE_CHARS],
         )

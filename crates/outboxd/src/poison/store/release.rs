@@ -139,7 +139,7 @@ async fn load(sql: &Client, ids: &[i64]) -> Result<Vec<Release>, RelayError> {
             "SELECT p.id, p.event_id, p.aggregate_type, p.aggregate_id, p.aggregate_version, \
                     p.event_type, p.topic, p.record_key, coalesce(a.new_payload, p.payload), \
                     p.headers, p.record_ts_ms, p.state = 'retry', a.new_payload IS NOT NULL, \
-                    p.payload, p.blocks_aggregate, p.blocked_by, p.integrity_tag \
+                    p.payload, p.blocks_aggregate, p.blocked_by, p.integrity_tag, p.source_relid \
              FROM outbox_parked p \
              LEFT JOIN outbox_parked_audit a ON p.state = 'retry' AND a.id = p.retry_audit_id \
                   AND a.slot = p.slot AND a.event_id = p.event_id AND a.action = 'retry' \
@@ -174,6 +174,8 @@ async fn load(sql: &Client, ids: &[i64]) -> Result<Vec<Release>, RelayError> {
                 blocks_aggregate: r.get(14),
                 blocked_by: r.get(15),
                 tag: r.get(16),
+                relid: r.get(17),
+                renamed: false,
             }
         })
         .collect())
@@ -226,21 +228,11 @@ pub async fn heads_of_many(
         .iter()
         .map(|(t, i)| (t.as_str(), i.as_str()))
         .unzip();
+    let from = "unnest($2::text[], $3::text[]) AS g(t, i) \
+                JOIN outbox_parked p ON p.slot = $1 AND p.aggregate_type = g.t \
+                 AND p.aggregate_id = g.i";
     let rows = sql
-        .query(
-            &format!(
-                "SELECT DISTINCT ON (aggregate_type, aggregate_id, t) aggregate_type, aggregate_id, \
-                        t, event_id \
-                 FROM (SELECT p.aggregate_type, p.aggregate_id, p.id, p.event_id, {} AS t \
-                       FROM unnest($2::text[], $3::text[]) AS g(t, i) \
-                       JOIN outbox_parked p ON p.slot = $1 AND p.aggregate_type = g.t \
-                        AND p.aggregate_id = g.i AND p.blocks_aggregate \
-                        AND p.state IN ('parked', 'blocked', 'retry')) open \
-                 ORDER BY aggregate_type, aggregate_id, t, id",
-                super::table_of("p")
-            ),
-            &[&slot, &types, &ids],
-        )
+        .query(&super::heads_sql(from), &[&slot, &types, &ids])
         .await?;
     Ok(super::blocked_from(rows))
 }

@@ -257,7 +257,8 @@ impl Stages {
                 message,
                 record,
             } => {
-                self.park(record, class, &message).await?;
+                let relid = self.in_flight.relid_of(seq);
+                self.park(record, relid, class, &message).await?;
                 self.in_flight.parked(seq);
             }
             Verdict::Retriable {
@@ -385,6 +386,8 @@ impl Stages {
         let Lookup::Outbox(table, mapping) = self.outboxes.lookup(rel) else {
             unreachable!("checked by the caller");
         };
+        // What its parked copy, holds and heads key on (issue 56).
+        let relid = self.outboxes.oid(table);
         let mut event = match mapping.event(values) {
             Ok(e) => e,
             Err(e) => {
@@ -393,7 +396,7 @@ impl Stages {
                     .partial(values)
                     .ok_or(RelayError::Route(e.clone()))?;
                 self.outboxes.get(table).tag_record(&mut rec);
-                return self.park(rec, e.class(), &e.to_string()).await;
+                return self.park(rec, relid, e.class(), &e.to_string()).await;
             }
         };
         self.outboxes.get(table).tag(&mut event);
@@ -403,22 +406,22 @@ impl Stages {
             let rec = self.record_of(table, &event);
             let msg = "payload is NULL; policy.on_null_payload = \"park\" (set \"tombstone\" to \
                        send a record with a null value, as Debezium does)";
-            return self.park(rec, "invalid_event", msg).await;
+            return self.park(rec, relid, "invalid_event", msg).await;
         }
         // No aggregate (a NULL aggregate id, Debezium preset): nothing to wait behind.
         let blocked_by = event.aggregate_id.and_then(|id| {
             self.poison
-                .blocked_by(event_type, table, event.aggregate_type, id)
+                .blocked_by(event_type, table, relid, event.aggregate_type, id)
         });
         if let Some(head) = blocked_by {
             let rec = self.record_of(table, &event);
-            self.poison.hold(&self.sql, &rec, &head).await?;
+            self.poison.hold(&self.sql, &rec, relid, &head).await?;
             let confirmable = self.in_flight.confirmed();
             return self.fence.written(&self.sql, &self.host, confirmable).await;
         }
         if let Err(e) = event.prepare() {
             let rec = self.record_of(table, &event);
-            return self.park(rec, e.class(), &e.to_string()).await;
+            return self.park(rec, relid, e.class(), &e.to_string()).await;
         }
         if !event.tombstone {
             let version = event.schema_version.unwrap_or("1");
@@ -427,7 +430,7 @@ impl Stages {
                 .check_schema(table, event_type, version, &event.payload);
             if let Err(msg) = checked {
                 let rec = self.record_of(table, &event);
-                return self.park(rec, "schema_invalid", &msg).await;
+                return self.park(rec, relid, "schema_invalid", &msg).await;
             }
         }
         let route = self.outboxes.get(table);
@@ -438,7 +441,7 @@ impl Stages {
         {
             // `{event_type}` in sink.topic and a NULL event type: no topic to send it to.
             let rec = self.record_of(table, &event);
-            return self.park(rec, e.class(), &e.to_string()).await;
+            return self.park(rec, relid, e.class(), &e.to_string()).await;
         }
         let mut topic = self.topic_buf.as_str();
         if let Some(tap) = self.shadow.as_ref().filter(|t| !t.delivers(event_type)) {
@@ -457,6 +460,7 @@ impl Stages {
         }
         let seq = self.in_flight.add(
             table,
+            relid,
             event_type,
             topic,
             event.size(),
@@ -480,8 +484,14 @@ impl Stages {
     /// A deterministic failure of a streamed row (before the producer, or refused by the
     /// broker): parked before its position is acknowledged, fenced until the slot's standby
     /// replayed the row.
-    async fn park(&mut self, rec: ParkedRecord, class: &str, msg: &str) -> Result<(), RelayError> {
-        self.poison.park(&self.sql, rec, class, msg).await?;
+    async fn park(
+        &mut self,
+        rec: ParkedRecord,
+        relid: Option<u32>,
+        class: &str,
+        msg: &str,
+    ) -> Result<(), RelayError> {
+        self.poison.park(&self.sql, rec, relid, class, msg).await?;
         let confirmable = self.in_flight.confirmed();
         self.fence.written(&self.sql, &self.host, confirmable).await
     }
