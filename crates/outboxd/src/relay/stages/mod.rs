@@ -315,21 +315,7 @@ impl Stages {
                 prefix,
                 content,
                 ..
-            } if prefix == publication::PREFIX => {
-                let left = publication::left(&content, &self.publication);
-                if left.is_some_and(|l| self.on_left(&l)) {
-                    self.left_ends += 1;
-                    return Ok(());
-                }
-                if self.left_ends > 0 && publication::ends_alter(&content, &self.publication) {
-                    self.left_ends -= 1;
-                    return Ok(());
-                }
-                if let Some(what) = publication::concerns(&content, &self.publication) {
-                    return Err(RelayError::PublicationChanged(what));
-                }
-                self.on_joined(&content).await?;
-            }
+            } if prefix == publication::PREFIX => self.on_guard(&content).await?,
             ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())

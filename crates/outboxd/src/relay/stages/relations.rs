@@ -7,6 +7,7 @@
 use super::Stages;
 use crate::config::tables::OutboxTable;
 use crate::error::RelayError;
+use crate::model::publication;
 use crate::poison::store::ParkedRecord;
 use crate::relay::ack::Seq;
 use crate::relay::outboxes::Orphan;
@@ -134,6 +135,26 @@ impl Stages {
             self.marks.push((label, seq));
         }
         Ok(())
+    }
+
+    /// A message of the publication guard (sql/080): tables that left (a pattern's: owed as a
+    /// join, [`Stages::on_left`]), the end of that same command, any other change of the
+    /// publication (the session ends: [`RelayError::PublicationChanged`]), or tables that
+    /// joined ([`Stages::on_joined`]).
+    pub(super) async fn on_guard(&mut self, content: &[u8]) -> Result<(), RelayError> {
+        let left = publication::left(content, &self.publication);
+        if left.is_some_and(|l| self.on_left(&l)) {
+            self.left_ends += 1;
+            return Ok(());
+        }
+        if self.left_ends > 0 && publication::ends_alter(content, &self.publication) {
+            self.left_ends -= 1;
+            return Ok(());
+        }
+        if let Some(what) = publication::concerns(content, &self.publication) {
+            return Err(RelayError::PublicationChanged(what));
+        }
+        self.on_joined(content).await
     }
 
     /// The guard's message says tables left the publication here (`ALTER PUBLICATION … DROP
