@@ -25,6 +25,8 @@
 //! | settle | 3 | wait until the slot confirmed everything written so far, no slot-loss recovery runs and a session streams |
 //! | start | 20 | only while the relay is down |
 //! | drop slot | 10 | only while the relay is down (`env.drop_slot()`) |
+//! | publication drop | 3 | seeds ≥ 10,000 only (`plan::V2_FROM`): `ALTER PUBLICATION outbox_pub DROP TABLE` of a relayed tenant (still matched: its rows stay required) |
+//! | payload type | 2 | seeds ≥ 10,000 only: `ALTER TABLE public.outbox ALTER payload TYPE json` (or back to `jsonb`), a rewrite under the stream |
 //!
 //! Every step is followed by a pause of 0–300 ms. At most 6 tenants per sequence. Step 0 is
 //! one row into `public.outbox`; the run waits for its delivery and for the state row's
@@ -111,6 +113,15 @@
 //!   lost had the gap republished before the join's catch-up (v1 after v10). A recovery now
 //!   reads a table that has not joined yet whole, in version order (`slot/recovery.rs`);
 //!   `known_f4_…` runs in the default set.
+//! - **F5** (fixed; second generation, seeds 10002 and 10004): a tenant taken out of the
+//!   publication by hand was a gap of the whole slot; the recovery that would replace the slot
+//!   could not vouch for the Debezium table's rows (only in the slot) and the relay halted,
+//!   every table with it. Now the guard names the table that left and only it is owed, as a
+//!   join (`relay/stages/relations.rs`, `on_left`); `known_f5_…` runs in the default set.
+//! - **Open** (found 2026-12-07 without the leave wait, docs/reliability.md): seed 7042, a row
+//!   written to a tenant right after a slot-loss recovery began, the tenant renamed out 200 ms
+//!   later: the row never arrived and the relay did not halt; seeds 7036 and 7056, a tenant
+//!   renamed out taken by a state write for a change of the publication (a false halt).
 //!
 //! A failing seed panics with the seed, every finding, the whole step list (steps not run
 //! marked) and the relay log's tail; the full log is copied to `$TMPDIR/outboxd-seq-<seed>.log`.
