@@ -118,10 +118,13 @@
 //!   could not vouch for the Debezium table's rows (only in the slot) and the relay halted,
 //!   every table with it. Now the guard names the table that left and only it is owed, as a
 //!   join (`relay/stages/relations.rs`, `on_left`); `known_f5_…` runs in the default set.
-//! - **Open** (found 2026-12-07 without the leave wait, docs/reliability.md): seed 7042, a row
-//!   written to a tenant right after a slot-loss recovery began, the tenant renamed out 200 ms
-//!   later: the row never arrived and the relay did not halt; seeds 7036 and 7056, a tenant
-//!   renamed out taken by a state write for a change of the publication (a false halt).
+//! - **F6** (now a loud halt; seed 7042, without the leave wait): a row a relayed tenant wrote
+//!   in a lost slot's gap, the tenant renamed out before the recovery read the gap: lost
+//!   silently. The recovery now also names a table it relayed that was renamed or moved during
+//!   the gap (`slot/vouch.rs`, `joined_and_left`); `known_f6_…` runs in the default set.
+//! - **Open** (found 2026-12-07 without the leave wait, docs/reliability.md): seeds 7036 and
+//!   7056, a tenant renamed out taken by a state write for a change of the publication (a false
+//!   halt).
 //!
 //! A failing seed panics with the seed, every finding, the whole step list (steps not run
 //! marked) and the relay log's tail; the full log is copied to `$TMPDIR/outboxd-seq-<seed>.log`.
@@ -468,6 +471,18 @@ async fn known_f5_a_tenant_dropped_from_the_publication_stops_nothing_else() {
         ),
     ];
     known_world("F5", 9005, true, steps).await
+}
+
+/// F6 (seed 7042, without the leave wait): a tenant relayed before a slot loss wrote a row in
+/// the gap and was renamed out of the pattern before the recovery read the gap; the row was
+/// only in the lost slot, and the recovery, which named only tables that *joined* during the
+/// gap, finished without it (a silent loss of 1 row). Now a table the relay relayed that was
+/// renamed or moved during the gap is named too, and the relay halts with the gap: the
+/// **expected** halt here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_f6_a_relayed_tenant_renamed_out_during_a_gap_halts() {
+    let (dbz, plan) = plan::generate(7042);
+    known_world("F6 (seed 7042)", 7042, dbz, plan).await
 }
 
 /// On demand: `OUTBOXD_SEQ_SEED=<n>` replays one seed; `OUTBOXD_SEQ_SEEDS=<n>` runs `n` seeds

@@ -43,7 +43,12 @@ pub async fn all(
         .into_iter()
         .flatten()
         .collect();
-    let left = joined_and_left(sql, &cfg.source.publication, gap, &oids).await?;
+    let relayed = crate::slot::state::joined(sql, &cfg.source.slot)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let left = joined_and_left(sql, &cfg.source.publication, gap, &oids, &relayed).await?;
     // A table a pattern matches now that the recovery's tables lack was created (or renamed
     // in) after they were resolved: a new session resolves it and recovers with it.
     let patterns = cfg.patterns();
@@ -57,8 +62,9 @@ pub async fn all(
     if !left.is_empty() {
         let names: Vec<String> = left.iter().map(|(s, n, _)| format!("{s}.{n}")).collect();
         return Ok(Some(format!(
-            "table(s) {} joined the publication during the gap and are not relayed now \
-             (renamed or moved out of the pattern?): their rows of the gap were only in the \
+            "table(s) {} joined the publication during the gap (or, relayed before it, were \
+             renamed or moved during it) and are not relayed now (renamed or moved out of the \
+             pattern?): their rows of the gap were only in the \
              lost slot, under a mapping outboxd cannot know any more. Publish them from the \
              table yourself if they are outbox rows (outboxd replay with a configuration that \
              lists the table), or take the table out of the publication if it is none; then \
@@ -160,13 +166,18 @@ fn literal(s: &str) -> String {
 /// (issue 56, found by the sequence test). Its rows of the gap were in the lost slot, and which
 /// mapping they went by is not known any more: each is returned (schema, name, whether it is a
 /// partition), and the relay stops rather than finish the recovery without them (or, when a
-/// pattern matches it now, resolves it in a new session). outboxd's own tables are no outboxes. (A publication
+/// pattern matches it now, resolves it in a new session). The same for a table the relay
+/// relayed before the gap (`relayed`, the slot's joined oids) renamed or moved during it (its
+/// `pg_type` row written by a transaction of the gap): rows it committed in the gap before it
+/// left were only in the lost slot too (seed 7042: one such row lost silently).
+/// outboxd's own tables are no outboxes. (A publication
 /// `FOR ALL TABLES` has no such rows: nothing to see.)
 pub async fn joined_and_left(
     sql: &Client,
     publication: &str,
     gap: &Gap,
     recovered: &[u32],
+    relayed: &[u32],
 ) -> Result<Vec<(String, String, bool)>, RelayError> {
     let Some(x) = gap.from_xid else {
         return Ok(Vec::new());
@@ -175,15 +186,17 @@ pub async fn joined_and_left(
     let Some(older) = gap::older_than(x, next) else {
         return Ok(Vec::new());
     };
+    let renamed = older.replace("o.xmin", "ty.xmin");
     let q = format!(
         "SELECT n.nspname::text, c.relname::text, c.relispartition FROM pg_publication_rel o \
          JOIN pg_publication p ON p.oid = o.prpubid JOIN pg_class c ON c.oid = o.prrelid \
-         JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE p.pubname = $1 AND NOT ({older}) AND NOT (c.oid = ANY($2)) \
+         JOIN pg_namespace n ON n.oid = c.relnamespace LEFT JOIN pg_type ty ON ty.oid = c.reltype \
+         WHERE p.pubname = $1 AND NOT (c.oid = ANY($2)) \
+           AND (NOT ({older}) OR (c.oid = ANY($3) AND ty.xmin IS NOT NULL AND NOT ({renamed}))) \
            AND c.relname NOT LIKE 'outbox\\_parked%' AND c.relname NOT LIKE 'outboxd\\_%' \
          ORDER BY 1, 2"
     );
-    let rows = sql.query(&q, &[&publication, &recovered]).await?;
+    let rows = sql.query(&q, &[&publication, &recovered, &relayed]).await?;
     Ok(rows
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
