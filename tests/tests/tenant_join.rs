@@ -509,36 +509,6 @@ async fn a_delete_after_insert_tenant_joining_late_halts_instead_of_losing() -> 
     Ok(())
 }
 
-/// A table whose writer deleted rows before the table matched the pattern (a staging table a
-/// job emptied) and that the event trigger adds in the transaction that moves it in: the rows
-/// it holds are delivered and nothing stops. Those deletes were never the relay's rows, and no
-/// moment existed in which a row of it was the relay's and unpublished, so no statistics are
-/// asked and nothing waits for them to settle (`owed::could_lose`). Before: after an 11 s
-/// settle, its statistics' deletes stopped every tenant as "rows lost".
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_that_lost_rows_before_it_matched_joins_without_a_statistics_halt(
-) -> anyhow::Result<()> {
-    let (env, mut c, relay) = streaming("join_before_match", &["tenant_h"]).await?;
-    c.batch_execute(
-        "CREATE SCHEMA staging_h; CREATE SCHEMA tenant_h; \
-         CREATE TABLE staging_h.outbox (LIKE public.outbox INCLUDING ALL)",
-    )
-    .await?;
-    insert_then_delete(&mut c, "staging_h.outbox", "H", 50).await?;
-    let mut want = rows(&c, "staging_h.outbox", "H", "acct", 51, 100).await?;
-    // The deletes are in the statistics before the table moves (Postgres 15+).
-    c.batch_execute("SELECT pg_stat_force_next_flush()").await?;
-    c.batch_execute("SELECT 1").await?;
-    c.batch_execute("ALTER TABLE staging_h.outbox SET SCHEMA tenant_h")
-        .await?;
-    want.extend(rows(&c, "tenant_h.outbox", "H", "acct", 151, 20).await?);
-    all_delivered(&env, "tenants.tenant_h", "tenant_h.outbox", &want)?;
-    assert!(!relay.is_finished(), "the relay stopped");
-    tenant_a_flows(&env, &c, 6).await?;
-    relay.shutdown().await?;
-    Ok(())
-}
-
 /// A listed partitioned table through a publication of partitions (not outboxd's to change):
 /// rows in either partition arrive under the table's name, and a partition attached while the
 /// relay streams has the rows it held before republished.

@@ -106,12 +106,10 @@ pub async fn assess(
         return Ok(None);
     }
     tracing::warn!(table = %t.label(), "the table joined the publication after it held rows: republishing every row it holds (duplicates of rows the stream also delivers carry the same event_id)");
-    let could_lose = owed::could_lose(cfg, sql, oid, t.discovered.is_some()).await?;
     Ok(Some(Debt {
         table: t.clone(),
         rels: vec![oid],
         filter: "TRUE".into(),
         done: vec![oid],
-        could_lose,
     }))
 }

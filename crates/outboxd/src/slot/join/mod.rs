@@ -443,7 +443,6 @@ pub async fn catch_up(cfg: &Config, sql: &Client) -> Result<Vec<Debt>, RelayErro
                     done: rels.clone(),
                     rels,
                     filter: "TRUE".into(),
-                    could_lose: owed::could_lose(cfg, sql, *oid, discovered).await?,
                 });
                 continue;
             }
@@ -470,7 +469,6 @@ pub async fn catch_up(cfg: &Config, sql: &Client) -> Result<Vec<Debt>, RelayErro
                     rels,
                     filter,
                     done: vec![*m],
-                    could_lose: owed::partition_could_lose(cfg, sql, *m).await?,
                 });
                 continue;
             }

@@ -99,70 +99,6 @@ pub(super) async fn table(
     rows_before(sql, qualified, &xid, cmin).await
 }
 
-/// Could rows of `oid` have been deleted while the table was already the relay's (its name
-/// matched) but not yet in the publication — the only deletes [`proven_whole`] has to rule
-/// out (rows gone before the table matched were never owed)? Not when the publication row
-/// was written by the transaction that gave the table its present name (its `pg_type` row:
-/// the creation, or the last `RENAME`/`SET SCHEMA`): the event trigger adds a table in the
-/// very command that makes it match, so no moment existed in which a row of it was the
-/// relay's and unpublished, and its rows are simply read (no statistics, no settle; issue 56:
-/// "no fixed sleeps"). A publication `FOR ALL TABLES` holds a pattern's table from its
-/// creation, whatever it was called. Otherwise (a table the relay or an operator added later)
-/// the statistics must speak. Known limit: a transaction that moves a table into a match,
-/// writes and deletes rows, and only then adds it by hand is taken as joined at the match.
-pub(super) async fn could_lose(
-    cfg: &Config,
-    sql: &Client,
-    oid: u32,
-    discovered: bool,
-) -> Result<bool, RelayError> {
-    let row = sql
-        .query_opt(
-            "SELECT p.puballtables, \
-                    pr.xmin::text = COALESCE(ty.xmin, a.xmin)::text \
-             FROM pg_publication p JOIN pg_class c ON c.oid = $2 \
-             LEFT JOIN pg_type ty ON ty.oid = c.reltype \
-             LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = -1 \
-             LEFT JOIN pg_publication_rel pr ON pr.prpubid = p.oid AND pr.prrelid = c.oid \
-             WHERE p.pubname = $1",
-            &[&cfg.source.publication, &oid],
-        )
-        .await?;
-    Ok(match row {
-        Some(r) if r.get::<_, bool>(0) => !discovered,
-        Some(r) => r.get::<_, Option<bool>>(1) != Some(true),
-        None => true,
-    })
-}
-
-/// Was a partition that joined its outbox by `ATTACH` (`oid`) itself the relay's under its own
-/// name before (listed, or matched by a pattern)? Only then could rows have left it while they
-/// were owed ([`could_lose`]): the rows of a standalone table outside the relayed set become
-/// the outbox's at the `ATTACH` and are read then, whatever was deleted from it before.
-pub(super) async fn partition_could_lose(
-    cfg: &Config,
-    sql: &Client,
-    oid: u32,
-) -> Result<bool, RelayError> {
-    let row = sql
-        .query_opt(
-            "SELECT n.nspname::text, c.relname::text FROM pg_class c \
-             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
-            &[&oid],
-        )
-        .await?;
-    let Some(r) = row else { return Ok(true) };
-    let (schema, table): (String, String) = (r.get(0), r.get(1));
-    Ok(cfg
-        .tables()
-        .iter()
-        .any(|t| t.schema == schema && t.name == table)
-        || cfg
-            .patterns()
-            .iter()
-            .any(|(_, p)| p.matches(&schema, &table)))
-}
-
 /// Is anything of partition `oid` (a member of a partitioned outbox `root`, quoted) missing
 /// from the stream, its root being streamed? Nothing when it was created as a partition (its
 /// `pg_inherits` row is its creation's) and its creating transaction wrote none of its rows
@@ -236,9 +172,6 @@ pub(super) async fn proven_whole(
     checks: &[WholeCheck],
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<bool, RelayError> {
-    if checks.is_empty() {
-        return Ok(true);
-    }
     for settled in [false, true] {
         if settled {
             let tables: Vec<&str> = checks.iter().map(|c| c.label.as_str()).collect();

@@ -24,9 +24,6 @@ pub struct Debt {
     pub(super) rels: Vec<u32>,
     pub(super) filter: String,
     pub(super) done: Vec<u32>,
-    /// Rows could have been deleted while the table was the relay's and unpublished
-    /// ([`owed::could_lose`]): only then do the statistics have to prove it whole.
-    pub(super) could_lose: bool,
 }
 
 impl Debt {
@@ -38,8 +35,7 @@ impl Debt {
 
 /// Off the session's path, on a connection of its own: waits until the writers that straddled
 /// the joins ended, then proves that the statistics show nothing gone — one statistics settle
-/// for every debt that could have lost rows (none for a table the event trigger added as it
-/// came to match: [`owed::could_lose`]) (issue 56: twenty tenants joining waited 11 s each, one after another, while
+/// for every debt (issue 56: twenty tenants joining waited 11 s each, one after another, while
 /// nothing else was delivered). `Ok(false)`: shutdown first.
 pub async fn settle(
     cfg: Config,
@@ -52,7 +48,7 @@ pub async fn settle(
         wait_for_writers(&sql, &d.rels, &d.table, &mut shutdown).await?;
     }
     let mut checks = Vec::with_capacity(debts.len());
-    for d in debts.iter().filter(|d| d.could_lose) {
+    for d in &debts {
         // Read where the table is now (renamed out since it joined: issue 56, F1).
         let now = wherever(&sql, d).await?;
         checks.push(owed::WholeCheck {
