@@ -35,7 +35,12 @@ pub const GUARD_SQL: &str = include_str!("../../../../sql/080_outboxd_publicatio
 /// Whether the publication exists, publishes inserts and includes every listed outbox table
 /// right now (a partitioned one by its root or its partitions, see [`member_sql`]).
 pub async fn covered(cfg: &Config, sql: &Client) -> Result<bool, RelayError> {
-    Ok(!uncovered(cfg, sql).await?)
+    for t in cfg.tables() {
+        if !membership(cfg, sql, &t).await?.1 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// While the guard is installed, a state write that finds the publication lacking a table
@@ -48,18 +53,7 @@ pub async fn stream_will_say(cfg: &Config, sql: &Client) -> Result<bool, RelayEr
         return Ok(false);
     }
     for t in cfg.tables() {
-        let name = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
-        let row = sql
-            .query_one(
-                &format!(
-                    "SELECT to_regclass($2) IS NOT NULL, EXISTS (SELECT 1 FROM pg_publication p \
-                     WHERE p.pubname = $1 AND p.pubinsert) AND COALESCE({}, false)",
-                    member_sql("$1", "to_regclass($2)::oid")
-                ),
-                &[&cfg.source.publication, &name],
-            )
-            .await?;
-        let (exists, covers): (bool, bool) = (row.get(0), row.get(1));
+        let (exists, covers) = membership(cfg, sql, &t).await?;
         let waits = exists && t.discovered.is_some();
         if !(covers || waits) {
             return Ok(false);
@@ -68,26 +62,24 @@ pub async fn stream_will_say(cfg: &Config, sql: &Client) -> Result<bool, RelayEr
     Ok(true)
 }
 
-/// Whether some table of `cfg` is not covered ([`covered`]).
-async fn uncovered(cfg: &Config, sql: &Client) -> Result<bool, RelayError> {
-    for t in cfg.tables() {
-        let name = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
-        let covers: bool = sql
-            .query_one(
-                &format!(
-                    "SELECT EXISTS (SELECT 1 FROM pg_publication p \
-                     WHERE p.pubname = $1 AND p.pubinsert) AND COALESCE({}, false)",
-                    member_sql("$1", "to_regclass($2)::oid")
-                ),
-                &[&cfg.source.publication, &name],
-            )
-            .await?
-            .get(0);
-        if !covers {
-            return Ok(true);
-        }
-    }
-    Ok(false)
+/// Whether table `t` exists under its name, and whether the publication covers it ([`covered`]).
+async fn membership(
+    cfg: &Config,
+    sql: &Client,
+    t: &crate::config::tables::OutboxTable,
+) -> Result<(bool, bool), RelayError> {
+    let name = format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name));
+    let row = sql
+        .query_one(
+            &format!(
+                "SELECT to_regclass($2) IS NOT NULL, EXISTS (SELECT 1 FROM pg_publication p \
+                 WHERE p.pubname = $1 AND p.pubinsert) AND COALESCE({}, false)",
+                member_sql("$1", "to_regclass($2)::oid")
+            ),
+            &[&cfg.source.publication, &name],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
 }
 
 /// What the publication covers against what is listed (`check`).
