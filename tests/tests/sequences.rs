@@ -118,15 +118,17 @@
 //!   could not vouch for the Debezium table's rows (only in the slot) and the relay halted,
 //!   every table with it. Now the guard names the table that left and only it is owed, as a
 //!   join (`relay/stages/relations.rs`, `on_left`); `known_f5_…` runs in the default set.
-//! - **F6** (partly open; seed 7042, without the leave wait): a row a relayed tenant wrote in a
+//! - **F6** (fixed; seed 7042, without the leave wait): a row a relayed tenant wrote in a
 //!   lost slot's gap, the tenant renamed out before the recovery read the gap: lost silently.
-//!   The recovery now also names a table it relayed that was renamed or moved during the gap
-//!   (`slot/vouch.rs`, `joined_and_left`): replayed alone, the seed halts loudly. Under the
-//!   full suite's load it lost the row once more (another interleaving): `known_f6_…` is on
-//!   demand until that path is found.
-//! - **Open** (found 2026-12-07 without the leave wait, docs/reliability.md): seeds 7036 and
-//!   7056, a tenant renamed out taken by a state write for a change of the publication (a false
-//!   halt).
+//!   The recovery now names every table of the publication renamed or moved during the gap
+//!   (`slot/vouch.rs`, `joined_and_left`), and a session's end records the joins the broker
+//!   acknowledged (under load, one acknowledged just before the end went unrecorded and the
+//!   row was lost again); `known_f6_…` runs in the default set.
+//! - **F7** (fixed; seeds 7036 and 7056, without the leave wait, a false halt): a tenant
+//!   renamed out between a session's start and its reading of the tables' oids read as
+//!   unchanged, then as a publication lacking it; the recovery that followed could not vouch
+//!   for the Debezium table, and every table stopped. A table gone is now a change of tables
+//!   whenever it went (`slot/join/mod.rs`, `replaced`).
 //!
 //! A failing seed panics with the seed, every finding, the whole step list (steps not run
 //! marked) and the relay log's tail; the full log is copied to `$TMPDIR/outboxd-seq-<seed>.log`.
@@ -480,11 +482,13 @@ async fn known_f5_a_tenant_dropped_from_the_publication_stops_nothing_else() {
 /// only in the lost slot, and the recovery, which named only tables that *joined* during the
 /// gap, finished without it (a silent loss of 1 row). Now a table the relay relayed that was
 /// renamed or moved during the gap is named too, and the relay halts with the gap: the
-/// **expected** halt here, when the seed is replayed alone. Still open: under the full suite's
-/// load (CI, 2026-12-07) the same seed lost the row again (another interleaving of the
-/// rename and the recovery), so this stays on demand until that path is found.
+/// **expected** halt here. Under the full suite's load (CI, 2026-12-07) the same seed once
+/// lost the row again: the tenant's catch-up was acknowledged just before the session ended,
+/// whose last state write moved the delivery mark past the join without recording the join,
+/// so the recovery did not know it relayed the tenant. Now the session's end records the
+/// acknowledged joins too, and the recovery names any table of the publication renamed or
+/// moved during the gap, recorded or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known, partly open: F6 under load (docs/reliability.md)"]
 async fn known_f6_a_relayed_tenant_renamed_out_during_a_gap_halts() {
     let (dbz, plan) = plan::generate(7042);
     known_world("F6 (seed 7042)", 7042, dbz, plan).await

@@ -422,6 +422,10 @@ pub async fn run_session_as(
         save_state(cfg, &st, &identity, holder.walsender(), saved),
     )
     .await;
+    // And the joins whose catch-up the broker acknowledged: the write above may move the
+    // delivery mark past a join, and a join it does not record is a tenant a later gap's
+    // recovery would not know it relayed (seed 7042 under load).
+    let _ = tokio::time::timeout(Duration::from_secs(1), joining.record_acked(cfg, &st)).await;
     let result = match result {
         Err(RelayError::PublicationChanged(what)) => {
             Err(owe_publication_gap(cfg, st.sql(), what).await)

@@ -211,7 +211,11 @@ async fn replaced(
     let tables = cfg.tables();
     let now = identities(sql, &tables).await?;
     for ((t, then), now) in tables.iter().zip(at_start).zip(now) {
-        if *then == now {
+        // Gone now is a change even when it was already gone at `at_start`: every table of
+        // the session existed when it was resolved, and a tenant renamed out between that
+        // and `at_start` otherwise reads as unchanged, then as a publication that lacks it
+        // (seeds 7036 and 7056: a false halt of every table).
+        if *then == now && now.is_some() {
             continue;
         }
         return Ok(Some(match now {
