@@ -449,3 +449,78 @@ async fn replay_names_its_table_and_records_it() -> anyhow::Result<()> {
     assert_eq!(sel["table"], "shipping.outbox", "{sel}");
     Ok(())
 }
+
+/// Writes versions `from..from + n` of aggregates `agg` into `tables` only, one transaction
+/// per version. Returns the event ids per table.
+async fn write_into(
+    c: &mut tokio_postgres::Client,
+    tables: &[&'static str],
+    agg: &str,
+    from: i64,
+    n: i64,
+) -> anyhow::Result<std::collections::BTreeMap<&'static str, Vec<Uuid>>> {
+    let mut ids: std::collections::BTreeMap<&str, Vec<Uuid>> = Default::default();
+    for v in from..from + n {
+        let tx = c.transaction().await?;
+        for &table in tables {
+            let id = insert(&tx, table, agg, v, serde_json::json!({ "v": v })).await?;
+            ids.entry(table).or_default().push(id);
+        }
+        tx.commit().await?;
+    }
+    Ok(ids)
+}
+
+/// [`delivered`], or a panic with the relay's log.
+fn arrived(
+    env: &Env,
+    written: &std::collections::BTreeMap<&'static str, Vec<Uuid>>,
+    log: &std::path::Path,
+) {
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| delivered(env, written)));
+    if !matches!(got, Ok(Ok(_))) {
+        panic!("not delivered; relay log:\n{}", read_log(log));
+    }
+}
+
+/// Issue 56, "one table leaving or breaking does not stop the others": a listed table dropped
+/// (a teardown, a botched migration) while the relay streams all three, its last rows written
+/// just before the drop. Before: the session ended ("no longer exists (dropped)"), the next one
+/// refused to start ("does not exist: run outboxd init"), and billing and legacy stopped with
+/// it until someone created the table again. Now: shipping's rows written before the drop
+/// arrive (they are in the slot), billing and legacy stream on, across a restart too, the
+/// status names the missing table, and the table created again (by plain DDL: `init`'s join
+/// trigger adds it to the publication) is taken in with every row it gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_listed_table_stops_nothing_else() -> anyhow::Result<()> {
+    let (env, _) = three_tables("multi_dropped", "").await?;
+    let config = env.config_file()?;
+    let log = env.dir.path().join("relay.log");
+    let mut relay = RelayProcess::spawn(&config, log.clone())?;
+    let mut c = env.sql().await?;
+    let before = write_rounds(&mut c, 1, 3).await?;
+    c.batch_execute("DROP TABLE shipping.outbox").await?;
+    let others = ["billing.outbox", "legacy.outbox"];
+    let during = write_into(&mut c, &others, "C", 1, 3).await?;
+    arrived(&env, &before, &log);
+    arrived(&env, &during, &log);
+    // A restart while it is missing: the relay starts and streams the others.
+    assert!(relay.sigterm()?.success(), "{}", read_log(&log));
+    let mut relay = RelayProcess::spawn(&config, log.clone())?;
+    let after = write_into(&mut c, &others, "C", 4, 3).await?;
+    arrived(&env, &after, &log);
+    let text = read_log(&log);
+    assert!(text.contains("shipping.outbox does not exist"), "{text}");
+    let (_, out) = outboxd_cli(&["status"], &config);
+    assert!(out.contains("shipping.outbox: DOES NOT EXIST"), "{out}");
+    // Created again: its rows flow.
+    c.batch_execute("CREATE TABLE shipping.outbox (LIKE public.outbox INCLUDING ALL)")
+        .await?;
+    let back = write_into(&mut c, &["shipping.outbox", "billing.outbox"], "D", 1, 3).await?;
+    arrived(&env, &back, &log);
+    let text = read_log(&log);
+    assert!(!text.contains("recovery finished"), "{text}");
+    assert!(!text.contains("publication_changed"), "{text}");
+    assert!(relay.sigterm()?.success(), "{text}");
+    Ok(())
+}

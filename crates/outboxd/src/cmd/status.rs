@@ -134,14 +134,17 @@ async fn tables(
         return Ok(Vec::new());
     }
     let cov = crate::slot::publication::coverage(cfg, sql).await?;
+    // A listed table dropped: the relay streams the others (issue 56); said here.
+    let oids = crate::slot::join::identities(sql, &cfg.tables()).await?;
     let mut out: Vec<Value> = labels
         .iter()
         .zip(listed)
         .zip(cfg.tables())
-        .map(|((label, n), t)| {
+        .zip(oids)
+        .map(|(((label, n), t), oid)| {
             let published = cov.as_ref().map(|c| !c.missing.contains(label));
             let n = readable.then_some(n);
-            json!({"table": label, "pattern": t.discovered, "listed": true, "published": published, "open_parked": n})
+            json!({"table": label, "pattern": t.discovered, "listed": true, "exists": oid.is_some(), "published": published, "open_parked": n})
         })
         .collect();
     // Tables a pattern matches that have not joined the publication: not relayed yet.
@@ -299,6 +302,12 @@ pub fn render(v: &Value) -> String {
         .flatten()
     {
         let line = match t["listed"].as_bool() {
+            Some(true) if t["exists"].as_bool() == Some(false) => format!(
+                "{}: DOES NOT EXIST (dropped?): the other tables stream on; created again \
+                 (outboxd init) it is taken in, open parked {}",
+                t["table"].as_str().unwrap_or("-"),
+                t["open_parked"]
+            ),
             Some(false) => format!(
                 "{}: NOT LISTED, open parked {} (not released: discard them, or list the \
                  table again; `outboxd parked list`)",

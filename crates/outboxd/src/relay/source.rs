@@ -63,6 +63,7 @@ pub async fn preflight_opt(
     let publication = &cfg.source.publication;
     // Every listed table exists and is published, or nothing streams (never skip one).
     let mut uncovered = None;
+    let mut missing = Vec::new();
     for t in cfg.tables() {
         let row = sql
             .query_one(
@@ -89,13 +90,12 @@ pub async fn preflight_opt(
             )));
         }
         if !row.get::<_, bool>(0) {
-            return Err(RelayError::Setup(format!(
-                "outbox table {schema}.{table} does not exist: run `outboxd init --config FILE` \
-                 (or apply sql/001_outbox.sql)"
-            )));
+            missing.push(t.label());
+            continue;
         }
         uncovered = uncovered.or((!row.get::<_, bool>(1)).then(|| t.pair()));
     }
+    absent(cfg, sql, &missing).await?;
     let (schema, table) = cfg.table_name();
     let pubrow = sql
         .query_opt(
@@ -318,6 +318,42 @@ pub async fn create_slot_exported(
             })
     };
     Ok((parse_lsn(&text(1)?)?, text(2)?))
+}
+
+/// Listed tables that do not exist (`missing`). A relay that streamed before (its state row
+/// exists) starts without them: a dropped table has no rows left to skip, its rows
+/// already in the slot are decoded under its name, and one table breaking must not stop the
+/// others (issue 56; before, every table stopped until it was created again). Created again,
+/// it is another relation and the session takes it in (`slot::join::changed`). A first start,
+/// or every table missing, is a setup error (a mistyped name is not a dropped table).
+async fn absent(
+    cfg: &Config,
+    sql: &tokio_postgres::Client,
+    missing: &[String],
+) -> Result<(), RelayError> {
+    let Some(first) = missing.first() else {
+        return Ok(());
+    };
+    let streamed = missing.len() < cfg.tables().len()
+        && sql
+            .query_one(
+                "SELECT to_regclass('outboxd_slot_state') IS NOT NULL AND EXISTS (SELECT 1 \
+                 FROM outboxd_slot_state WHERE slot_name = $1)",
+                &[&cfg.source.slot],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false);
+    if !streamed {
+        return Err(RelayError::Setup(format!(
+            "outbox table {first} does not exist: run `outboxd init --config FILE` (or apply \
+             sql/001_outbox.sql)"
+        )));
+    }
+    for t in missing {
+        tracing::warn!(table = %t, slot = %cfg.source.slot, "outbox table {t} does not exist (dropped?): the relay streams the other tables; its rows still in the slot are delivered, and created again (outboxd init) it is taken in");
+    }
+    Ok(())
 }
 
 fn hinted(e: pgwire_replication::PgWireError) -> RelayError {

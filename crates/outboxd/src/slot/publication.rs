@@ -33,10 +33,15 @@ pub const REASON: &str = "publication";
 pub const GUARD_SQL: &str = include_str!("../../../../sql/080_outboxd_publication_guard.sql");
 
 /// Whether the publication exists, publishes inserts and includes every listed outbox table
-/// right now (a partitioned one by its root or its partitions, see [`member_sql`]).
+/// right now (a partitioned one by its root or its partitions, see [`member_sql`]). A listed
+/// table that does not exist has no rows for the publication to skip: it counts as covered
+/// (dropped, the session streams the others; created again, it is another relation, which
+/// ends the session before this is asked: `slot::join::changed`). A pattern's table that is
+/// gone does not: it may have been renamed out of the pattern, rows and all.
 pub async fn covered(cfg: &Config, sql: &Client) -> Result<bool, RelayError> {
     for t in cfg.tables() {
-        if !membership(cfg, sql, &t).await?.1 {
+        let (exists, covers) = membership(cfg, sql, &t).await?;
+        if !covers && (exists || t.discovered.is_some()) {
             return Ok(false);
         }
     }

@@ -89,7 +89,9 @@ pub async fn assess(
 ) -> Result<Option<Debt>, RelayError> {
     let oid = match oid {
         Some(oid) => oid,
-        None => oid_of(sql, t).await?,
+        None => oid_of(sql, t).await?.ok_or_else(|| {
+            RelayError::TablesChanged(format!("outbox table {} no longer exists", t.label()))
+        })?,
     };
     let joined = slot_state::joined(sql, &cfg.source.slot).await?;
     if joined.as_ref().is_some_and(|j| j.contains(&oid)) {

@@ -211,11 +211,13 @@ async fn replaced(
     let tables = cfg.tables();
     let now = identities(sql, &tables).await?;
     for ((t, then), now) in tables.iter().zip(at_start).zip(now) {
-        // Gone now is a change even when it was already gone at `at_start`: every table of
-        // the session existed when it was resolved, and a tenant renamed out between that
-        // and `at_start` otherwise reads as unchanged, then as a publication that lacks it
-        // (seeds 7036 and 7056: a false halt of every table).
-        if *then == now && now.is_some() {
+        // A pattern's table gone now is a change even when it was already gone at
+        // `at_start`: it existed when the session resolved it, and a tenant renamed out
+        // between that and `at_start` otherwise reads as unchanged, then as a publication
+        // that lacks it (F7, seeds 7036 and 7056: a false halt of every table). A listed
+        // table missing at both looks is one the session started without (dropped: it
+        // streams the others, [`crate::relay::source`]).
+        if *then == now && (now.is_some() || t.discovered.is_none()) {
             continue;
         }
         return Ok(Some(match now {
@@ -224,9 +226,9 @@ async fn replaced(
                 format!("outbox table {} no longer exists", t.label())
             }
             None => format!(
-                "outbox table {} no longer exists (dropped): the rows of it the slot still \
-                 holds stay there, unconfirmed; create it again (outboxd init) and the relay \
-                 streams them",
+                "outbox table {} no longer exists (dropped): its rows already in the slot are \
+                 delivered and the other tables stream on; created again (outboxd init, or \
+                 by DDL where init installed the join trigger) it is taken in",
                 t.label()
             ),
             Some(o) => format!(
@@ -298,7 +300,7 @@ async fn record_published(cfg: &Config, sql: &Client, found: &[Found]) {
         .collect();
     let mut oids = Vec::new();
     for t in cfg.with_discovered(&published).tables() {
-        if let Ok(oid) = oid_of(sql, &t).await {
+        if let Ok(Some(oid)) = oid_of(sql, &t).await {
             oids.push(oid);
         }
     }
@@ -413,7 +415,17 @@ pub async fn catch_up(cfg: &Config, sql: &Client) -> Result<Vec<Debt>, RelayErro
     };
     let mut oids = Vec::new();
     for t in cfg.tables() {
-        oids.push((oid_of(sql, &t).await?, t));
+        match oid_of(sql, &t).await? {
+            Some(o) => oids.push((o, t)),
+            // A listed table dropped: the session streams the others (relay::source).
+            None if t.discovered.is_none() => {}
+            None => {
+                return Err(RelayError::TablesChanged(format!(
+                    "outbox table {} no longer exists",
+                    t.label()
+                )))
+            }
+        }
     }
     let Some(joined) = joined else {
         let mut all: Vec<u32> = oids.iter().map(|(o, _)| *o).collect();
@@ -493,10 +505,10 @@ fn unreadable(t: &OutboxTable, e: RelayError) -> RelayError {
     ))
 }
 
-async fn oid_of(sql: &Client, t: &OutboxTable) -> Result<u32, RelayError> {
-    let q = format!(
-        "SELECT '{}'::regclass::oid",
-        partitions::qualified(t).replace('\'', "''")
-    );
-    Ok(sql.query_one(&q, &[]).await?.get(0))
+/// The table's oid, `None` when no table has its name.
+async fn oid_of(sql: &Client, t: &OutboxTable) -> Result<Option<u32>, RelayError> {
+    Ok(sql
+        .query_one("SELECT to_regclass($1)::oid", &[&partitions::qualified(t)])
+        .await?
+        .get(0))
 }
