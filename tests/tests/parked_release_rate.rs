@@ -98,7 +98,7 @@ const RELEASE: &str = "SELECT p.id, \
          AND x.state IN ('parked', 'retry') \
          AND (x.state = 'parked' OR NOT EXISTS (SELECT 1 FROM outbox_parked_audit xa \
               WHERE xa.id = x.retry_audit_id AND xa.slot = x.slot \
-                AND xa.event_id = x.event_id AND xa.action = 'retry'))) \
+                AND xa.event_id = x.event_id AND xa.action = 'retry')) OFFSET 0) \
  ORDER BY p.id LIMIT 1000";
 
 async fn explain(c: &tokio_postgres::Client, what: &str, sql: &str) -> anyhow::Result<()> {
@@ -239,6 +239,7 @@ async fn release_rate_with_ten_thousand_open_rows() -> anyhow::Result<()> {
         "BENCH retry --all of {rows} parked heads: {:.2?}",
         t.elapsed()
     );
+    explain(&c, "next releases, every head retried", &release_sql).await?;
     let (n, took) = released(&c, before, rows, cap).await?;
     eprintln!(
         "BENCH heads: released {n} of {rows} after retry --all in {took:.2?}: {:.0} events/s",

@@ -109,6 +109,7 @@ impl PoisonHandler {
                 found: Vec::new(),
                 cfg: cfg.has_patterns().then(|| Box::new(cfg.clone())),
                 tagged: cfg.tags_records(),
+                names: Default::default(),
             },
             tagged: cfg.tags_records(),
             topic_buf: String::new(),
@@ -347,6 +348,7 @@ impl PoisonHandler {
     /// one tried (a few times a call: the rest waits for the next tick).
     async fn release_batch(&mut self, sql: &Client, producer: &Producer) -> Result<(), RelayError> {
         for _ in 0..8 {
+            self.routes.names.clear();
             let max = self.bounds.max_record_bytes();
             let batch = parking::release::next_batch(sql, &self.slot, max).await?;
             if batch.rows.is_empty() && batch.oversized.is_empty() {

@@ -67,6 +67,10 @@ pub(crate) struct Routes {
     /// read (patterns only).
     pub cfg: Option<Box<Config>>,
     pub tagged: bool,
+    /// Each table's name now, by oid, read once per release batch (cleared by the caller):
+    /// a batch's rows mostly share a table, and one catalog read each was half the batch's
+    /// round trips.
+    pub names: std::collections::HashMap<u32, Option<String>>,
 }
 
 impl Routes {
@@ -86,7 +90,15 @@ impl Routes {
     ) -> Result<Result<(Which, bool), String>, RelayError> {
         let stored = stored_table(&r.record.headers);
         if let (Some(relid), Some(stored)) = (r.relid, stored) {
-            if let Some(now) = parking::name_of(sql, relid).await? {
+            let now = match self.names.get(&relid) {
+                Some(now) => now.clone(),
+                None => {
+                    let now = parking::name_of(sql, relid).await?;
+                    self.names.insert(relid, now.clone());
+                    now
+                }
+            };
+            if let Some(now) = now {
                 let renamed = now != stored;
                 if let Some(i) = self.listed.iter().position(|x| x.label == now) {
                     return Ok(Ok((Which::Listed(i), renamed)));
