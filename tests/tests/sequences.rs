@@ -129,6 +129,12 @@
 //!   unchanged, then as a publication lacking it; the recovery that followed could not vouch
 //!   for the Debezium table, and every table stopped. A table gone is now a change of tables
 //!   whenever it went (`slot/join/mod.rs`, `replaced`).
+//! - **F8** (fixed; seed 10227, without the leave wait): a tenant created with rows while the
+//!   relay was down, taken out of the publication by hand as the relay started, between the
+//!   session's resolving of the patterns and its preflight: "publication does not include
+//!   tenant_4.outbox", a setup error, and the relay stopped (3 rows undelivered). A pattern's
+//!   table the publication lacks at preflight is now a change of tables: the next session adds
+//!   it back and catches it up (`relay/source.rs`). A race: the replay passed before and after.
 //!
 //! A failing seed panics with the seed, every finding, the whole step list (steps not run
 //! marked) and the relay log's tail; the full log is copied to `$TMPDIR/outboxd-seq-<seed>.log`.

@@ -93,7 +93,8 @@ pub async fn preflight_opt(
             missing.push(t.label());
             continue;
         }
-        uncovered = uncovered.or((!row.get::<_, bool>(1)).then(|| t.pair()));
+        uncovered =
+            uncovered.or((!row.get::<_, bool>(1)).then(|| (t.pair(), t.discovered.is_some())));
     }
     absent(cfg, sql, &missing).await?;
     let (schema, table) = cfg.table_name();
@@ -115,7 +116,15 @@ pub async fn preflight_opt(
              ALTER PUBLICATION {publication} SET (publish = 'insert');"
         )));
     }
-    if let Some((schema, table)) = uncovered {
+    if let Some(((schema, table), true)) = uncovered {
+        // A pattern's table taken out of the publication since this session resolved the
+        // patterns (F8, seed 10227: the relay stopped): the next session resolves them again,
+        // adds it back when it may, and catches it up as a table that joins.
+        return Err(RelayError::TablesChanged(format!(
+            "outbox table {schema}.{table} left publication {publication:?}"
+        )));
+    }
+    if let Some(((schema, table), _)) = uncovered {
         return Err(RelayError::Setup(format!(
             "publication {publication:?} does not include {schema}.{table}: \
              ALTER PUBLICATION {publication} ADD TABLE {schema}.{table}; (or run `outboxd \
