@@ -118,6 +118,7 @@ async fn huge_values_written_with_the_relay_credential_are_never_loaded() -> any
         Ok(state().await? == ("parked".into(), "oversized".into()))
     })
     .await?;
+    let held_id = held.to_string();
     // The listing the status page reads every few seconds shows the reasons, bounded.
     let (code, list) = outboxd_cli(&["parked", "list", "--json"], &cfg);
     assert_eq!(code, 0);
@@ -126,6 +127,28 @@ async fn huge_values_written_with_the_relay_credential_are_never_loaded() -> any
         "`parked list` printed {} bytes",
         list.len()
     );
+
+    // `parked show` of the 100 MB row reads what it prints, not the value (before: loaded
+    // whole, twice that printed with --full); it says how large the value is.
+    for full in [false, true] {
+        let mut args = vec!["parked", "show", &held_id];
+        if full {
+            args.push("--full");
+        }
+        let (code, shown) = outboxd_cli(&args, &cfg);
+        assert_eq!(code, 0, "{}", &shown[..shown.len().min(2000)]);
+        let bound = if full { 17 << 20 } else { 16 << 10 };
+        assert!(
+            shown.len() < bound,
+            "`parked show` printed {} bytes",
+            shown.len()
+        );
+        assert!(
+            shown.contains(&format!("{} bytes in all", (100 << 20) + 9)),
+            "{}",
+            &shown[..2000.min(shown.len())]
+        );
+    }
 
     // Still delivering, and a real poison (too large for the producer) still parks: the
     // attacker's rows do not fill the bound.

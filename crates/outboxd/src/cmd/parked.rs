@@ -220,7 +220,7 @@ async fn table_of(
     sql: &tokio_postgres::Client,
     event_id: &str,
 ) -> Result<crate::config::tables::OutboxTable, RelayError> {
-    let d = operator::show(sql, &cfg.source.slot, event_id)
+    let d = operator::show(sql, &cfg.source.slot, event_id, 0)
         .await?
         .ok_or_else(|| not_parked(event_id))?;
     let tables = cfg.tables();
@@ -261,7 +261,7 @@ async fn validate(
     let Some(mut validator) = crate::poison::validate::Validator::from_config(validation) else {
         return Ok(());
     };
-    let d = operator::show(sql, slot, event_id)
+    let d = operator::show(sql, slot, event_id, 0)
         .await?
         .ok_or_else(|| not_parked(event_id))?;
     let schema_version = d
@@ -383,19 +383,32 @@ async fn list(
 /// At most this much of a payload or of the headers unless `--full`.
 const SHOW_LIMIT: usize = 1024;
 
-/// `s`, cut after [`SHOW_LIMIT`] bytes (at a character boundary) unless `full`.
-fn clipped(s: String, full: bool) -> String {
-    if full || s.len() <= SHOW_LIMIT {
+/// At most this much with `--full`: far above what the relay parks (`[parked]
+/// max_record_bytes`), so only a row written outside the relay is cut.
+const FULL_LIMIT: i32 = 16 << 20;
+
+/// `s` (read from a value of `total` bytes, or characters), cut after [`SHOW_LIMIT`] bytes (at
+/// a character boundary) unless `full`; said when it is not everything.
+fn clipped(s: String, full: bool, total: Option<i64>) -> String {
+    let total = total.map_or(s.len(), |t| usize::try_from(t).unwrap_or(usize::MAX));
+    if full && total <= FULL_LIMIT as usize {
         return s;
     }
-    let mut end = SHOW_LIMIT;
+    if full {
+        return format!(
+            "{s}… ({total} bytes in all: more than --full shows; written outside the relay?)"
+        );
+    }
+    if s.len() <= SHOW_LIMIT && total <= SHOW_LIMIT {
+        return s;
+    }
+    let mut end = SHOW_LIMIT.min(s.len());
     while !s.is_char_boundary(end) {
         end -= 1;
     }
     format!(
-        "{}… ({} bytes in all; --full shows everything)",
-        &s[..end],
-        s.len()
+        "{}… ({total} bytes in all; --full shows everything)",
+        &s[..end]
     )
 }
 
@@ -405,7 +418,10 @@ async fn show(
     event_id: &str,
     full: bool,
 ) -> Result<String, RelayError> {
-    let d = operator::show(sql, &cfg.source.slot, event_id)
+    // Read no more than is shown: a row written with the relay's credential can hold
+    // hundreds of megabytes (issue 53).
+    let limit = if full { FULL_LIMIT } else { SHOW_LIMIT as i32 };
+    let d = operator::show(sql, &cfg.source.slot, event_id, limit)
         .await?
         .ok_or_else(|| not_parked(event_id))?;
     let o = |v: &Option<String>| printable(v.as_deref().unwrap_or_default());
@@ -414,7 +430,7 @@ async fn show(
         printable(event_id), d.state, o(&d.event_type), o(&d.aggregate_type), o(&d.aggregate_id),
         d.aggregate_version.map(|v| v.to_string()).unwrap_or_default(),
         o(&d.topic), printable(&d.error_class), printable(&d.error_message), d.attempts,
-        d.first_seen, d.last_seen, o(&d.blocked_by), clipped(o(&d.headers), full), clipped(o(&d.payload), full),
+        d.first_seen, d.last_seen, o(&d.blocked_by), clipped(o(&d.headers), full, d.headers_chars), clipped(o(&d.payload), full, d.payload_bytes),
     );
     let labels = labels(cfg);
     if let Some(cell) = table_cell(cfg, &labels, d.table.as_deref()) {

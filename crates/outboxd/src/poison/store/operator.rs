@@ -91,30 +91,50 @@ pub struct Detail {
     /// The outbox table its record names (`source_table`; none from a one-table relay), under
     /// its current name when its oid says it was renamed or moved since.
     pub table: Option<String>,
+    /// The whole payload's length in bytes and the headers' in characters: `payload` and
+    /// `headers` hold at most the `limit` [`show`] was given (issue 53: a row written with the
+    /// relay's credential can hold hundreds of megabytes; `show` no longer loads them whole).
+    pub payload_bytes: Option<i64>,
+    pub headers_chars: Option<i64>,
 }
 
 /// A payload as text for people: UTF-8 as it is; anything else (a bytea table's Avro or
 /// Protobuf bytes) in Postgres's `\x` hex notation, never lossy.
-fn readable(b: Vec<u8>) -> String {
+/// `cut`: `b` is the start of a longer payload.
+fn readable(b: Vec<u8>, cut: bool) -> String {
     String::from_utf8(b).unwrap_or_else(|e| {
+        // Cut inside a character by `show`'s limit: the text before it, not hex of it all.
+        if cut && e.utf8_error().error_len().is_none() {
+            let valid = e.utf8_error().valid_up_to();
+            let mut b = e.into_bytes();
+            b.truncate(valid);
+            return String::from_utf8(b).unwrap_or_default();
+        }
         let hex: String = e.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
         format!("\\x{hex}")
     })
 }
 
-pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Detail>, RelayError> {
+pub async fn show(
+    sql: &Client,
+    slot: &str,
+    event_id: &str,
+    limit: i32,
+) -> Result<Option<Detail>, RelayError> {
     let Some(r) = sql
         .query_opt(
             &format!(
                 "SELECT state, event_type, aggregate_type, aggregate_id, aggregate_version, topic, \
                         error_class, left(error_message, $3), attempts, first_seen::text, last_seen::text, \
-                        blocked_by, coalesce((SELECT a.new_payload FROM outbox_parked_audit a \
-                          WHERE p.state = 'retry' AND a.id = p.retry_audit_id), payload), \
-                        headers::text, {} \
-                 FROM outbox_parked p WHERE slot = $1 AND event_id = $2",
+                        blocked_by, substring(v.payload FROM 1 FOR $4), left(headers::text, $4), {}, \
+                        octet_length(v.payload)::int8, length(headers::text)::int8 \
+                 FROM outbox_parked p, LATERAL (SELECT coalesce((SELECT a.new_payload \
+                      FROM outbox_parked_audit a WHERE p.state = 'retry' \
+                      AND a.id = p.retry_audit_id), p.payload) AS payload) v \
+                 WHERE slot = $1 AND event_id = $2",
                 super::current_table_of("p")
             ),
-            &[&slot, &event_id, &MESSAGE_CHARS],
+            &[&slot, &event_id, &MESSAGE_CHARS, &limit],
         )
         .await?
     else {
@@ -143,10 +163,14 @@ pub async fn show(sql: &Client, slot: &str, event_id: &str) -> Result<Option<Det
         first_seen: r.get(9),
         last_seen: r.get(10),
         blocked_by: r.get(11),
-        payload: r.get::<_, Option<Vec<u8>>>(12).map(readable),
+        payload: r
+            .get::<_, Option<Vec<u8>>>(12)
+            .map(|b| readable(b, r.get::<_, Option<i64>>(15) > Some(i64::from(limit)))),
         headers: r.get(13),
         audit,
         table: r.get(14),
+        payload_bytes: r.get(15),
+        headers_chars: r.get(16),
     }))
 }
 
@@ -287,4 +311,19 @@ async fn audit_followers(
         reason: r.reason,
     };
     super::bulk::audit_followers(tx, &d, decision, &[r.event_id.to_string()]).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable;
+
+    #[test]
+    fn a_payload_cut_inside_a_character_shows_the_text_before_it() {
+        let mut b = "prix: 5 €".as_bytes().to_vec();
+        b.truncate(b.len() - 1); // the limit fell inside '€'
+        assert_eq!(readable(b.clone(), true), "prix: 5 ");
+        // Whole, the same bytes are not text: hex, never lossy.
+        assert!(readable(b, false).starts_with("\\x7072"));
+        assert_eq!(readable(vec![0xff, 0x00], true), "\\xff00");
+    }
 }
